@@ -1,0 +1,3 @@
+from voxgate.cli import main
+
+raise SystemExit(main())

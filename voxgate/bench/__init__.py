@@ -1,0 +1,1 @@
+"""Benchmarks and measurement helpers: real servers on loopback, JSON results."""

@@ -1,0 +1,127 @@
+"""`voxgate bench http`: TTFA and RTF of real servers over loopback, written as JSON.
+
+For each engine it starts `voxgate serve` on a free port, warms it, then times sequential
+requests (client side, and server side from /debug/timings by request id): a plain
+sentence, the same sentence behind a starter-cache opener, and a burst of concurrent
+streams. Numbers are medians/percentiles; the first requests are untimed warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from voxgate.bench.server import ServerProcess
+from voxgate.bench.stats import machine, summary
+
+SENTENCE = "The quick brown fox jumps over the lazy dog near the river."  # 12 words
+TEN_WORDS = "Please read the new report before our meeting tomorrow morning."  # 10 words
+STARTER = "Sure. "
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engines", default="tone,piper", help="comma-separated engines (default tone,piper)")
+    parser.add_argument("--n", type=int, default=30, help="timed requests per series (default 30)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed requests first (default 3)")
+    parser.add_argument("--concurrency", type=int, default=20, help="concurrent streams in the burst series")
+    parser.add_argument("--output-json", default=None, help="where to write results (default bench/results/...)")
+
+
+def time_request(client: httpx.Client, url: str, text: str, request_id: str) -> dict[str, float]:
+    """One streamed /tts/stream request timed on the client."""
+    t0 = time.perf_counter()
+    first = None
+    size = 0
+    with client.stream("POST", f"{url}/tts/stream", json={"text": text}, headers={"x-request-id": request_id}) as r:
+        r.raise_for_status()
+        rate = int(r.headers["x-sample-rate"])
+        for part in r.iter_raw():
+            if first is None and part:
+                first = time.perf_counter()
+            size += len(part)
+    done = time.perf_counter()
+    audio_s = size / 2 / rate
+    return {"ttfa_ms": 1000 * ((first or done) - t0), "total_ms": 1000 * (done - t0), "audio_s": audio_s}
+
+
+def _series(url: str, text: str, n: int, warmup: int, concurrency: int = 1) -> dict[str, Any]:
+    ids = [f"bench-{uuid.uuid4().hex[:12]}" for _ in range(n)]
+    with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=concurrency + 2)) as client:
+        for _ in range(warmup):
+            time_request(client, url, text, f"warm-{uuid.uuid4().hex[:8]}")
+        if concurrency == 1:
+            client_rows = [time_request(client, url, text, rid) for rid in ids]
+        else:
+            with ThreadPoolExecutor(concurrency) as pool:
+                client_rows = list(pool.map(lambda rid: time_request(client, url, text, rid), ids))
+        server = {t["request_id"]: t for t in client.get(f"{url}/debug/timings", params={"last": 10000}).json()["timings"]}
+    server_rows = [server[rid] for rid in ids if rid in server]
+    return {
+        "text": text,
+        "concurrency": concurrency,
+        "client_ttfa_ms": summary([r["ttfa_ms"] for r in client_rows]),
+        "server_ttfa_ms": summary([r["ttfa_ms"] for r in server_rows if r["ttfa_ms"] is not None]),
+        "server_rtf": summary([r["rtf"] for r in server_rows if r["rtf"] is not None], digits=4),
+        "audio_s": summary([r["audio_s"] for r in client_rows]),
+        "starter_hits": sum(1 for r in server_rows if r["starter"]),
+    }
+
+
+def bench_engine(engine: str, n: int, warmup: int, concurrency: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    with ServerProcess(engine=engine) as server:
+        startup_s = time.perf_counter() - t0
+        print(f"[{engine}] server ready in {startup_s:.1f} s at {server.url}", flush=True)
+        result: dict[str, Any] = {"startup_s": round(startup_s, 2)}
+        for name, text, conc in (
+            ("ten_words", TEN_WORDS, 1),
+            ("starter_hit", STARTER + SENTENCE, 1),
+            (f"concurrent_{concurrency}", SENTENCE, concurrency),
+        ):
+            print(f"[{engine}] {name}: {n} requests, concurrency {conc} ...", flush=True)
+            result[name] = _series(server.url, text, n if conc == 1 else max(n, conc), warmup, conc)
+    return result
+
+
+def _table(results: dict[str, Any]) -> str:
+    lines = [
+        "| engine | series | conc | server TTFA p50 / p95 ms | client TTFA p50 ms | server RTF p50 | starter hits |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for engine, series in results.items():
+        for name, row in series.items():
+            if not isinstance(row, dict):
+                continue
+            s, c = row["server_ttfa_ms"], row["client_ttfa_ms"]
+            lines.append(
+                f"| {engine} | {name} | {row['concurrency']} | {s['p50']} / {s['p95']} | {c['p50']} | "
+                f"{row['server_rtf']['p50']} | {row['starter_hits']}/{s['n']} |"
+            )
+    return "\n".join(lines)
+
+
+def run_http_bench(args: argparse.Namespace) -> int:
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    results = {e: bench_engine(e, args.n, args.warmup, args.concurrency) for e in engines}
+    stamp = datetime.now(timezone.utc)
+    report = {
+        "bench": "http",
+        "date": stamp.isoformat(timespec="seconds"),
+        "command": f"voxgate bench http --engines {args.engines} --n {args.n} --concurrency {args.concurrency}",
+        "machine": machine(),
+        "results": results,
+    }
+    out = Path(args.output_json or f"bench/results/http-{stamp:%Y%m%d-%H%M%S}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(_table(results))
+    print(f"wrote {out}")
+    return 0

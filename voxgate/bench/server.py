@@ -1,0 +1,104 @@
+"""Start a real `voxgate serve` in a child process on a free loopback port.
+
+Used by `voxgate bench ...` and by the integration tests, so both measure the same thing
+a user runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from types import TracebackType
+
+import httpx
+
+_URL_RE = re.compile(r"serving on (http://\S+)")
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+class ServerProcess:
+    """`with ServerProcess(engine="tone") as server: server.url ...`
+
+    `env` entries are VOXGATE_* settings without the prefix, e.g. {"TONE_DELAY_MS": "20"}.
+    """
+
+    def __init__(self, engine: str = "tone", env: dict[str, str] | None = None, ready_timeout: float = 120.0) -> None:
+        self.engine = engine
+        self.env = {f"VOXGATE_{k}": str(v) for k, v in (env or {}).items()}
+        self.ready_timeout = ready_timeout
+        self.url = ""
+        self.log: deque[str] = deque(maxlen=400)
+        self._proc: subprocess.Popen[str] | None = None
+
+    def __enter__(self) -> ServerProcess:
+        env = {**os.environ, **self.env, "VOXGATE_ENGINE": self.engine, "VOXGATE_PORT": "0"}
+        env.setdefault("VOXGATE_HOST", "127.0.0.1")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "voxgate", "serve"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+        )
+        found = threading.Event()
+        threading.Thread(target=self._pump, args=(found,), daemon=True).start()
+        try:
+            self._wait_ready(found)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _pump(self, found: threading.Event) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self.log.append(line.rstrip())
+            match = _URL_RE.search(line)
+            if match and not found.is_set():
+                self.url = match.group(1)
+                found.set()
+
+    def _wait_ready(self, found: threading.Event) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        assert self._proc is not None
+        while not found.wait(0.05):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                raise ServerError("server did not start:\n" + "\n".join(self.log))
+        headers = self.auth_headers()
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise ServerError("server exited:\n" + "\n".join(self.log))
+            try:
+                reply = httpx.get(f"{self.url}/healthz", headers=headers, timeout=5)
+                if reply.status_code == 200:
+                    return
+                if reply.json().get("status") == "failed":
+                    raise ServerError(f"server failed to start: {reply.text}")
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise ServerError("server not ready in time:\n" + "\n".join(self.log))
+
+    def auth_headers(self) -> dict[str, str]:
+        keys = self.env.get("VOXGATE_API_KEYS", "")
+        return {"authorization": f"Bearer {keys.split(',')[0]}"} if keys else {}
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()

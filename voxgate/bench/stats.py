@@ -1,0 +1,47 @@
+"""Small statistics shared by the benchmarks."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+from collections.abc import Sequence
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in 0..100); None for no data."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low, high = math.floor(pos), math.ceil(pos)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def summary(values: Sequence[float], digits: int = 3) -> dict[str, float | int | None]:
+    def r(x: float | None) -> float | None:
+        return None if x is None else round(x, digits)
+
+    return {
+        "n": len(values),
+        "p50": r(percentile(values, 50)),
+        "p95": r(percentile(values, 95)),
+        "p99": r(percentile(values, 99)),
+        "min": r(min(values)) if values else None,
+        "max": r(max(values)) if values else None,
+    }
+
+
+def machine() -> dict[str, str | int | None]:
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }

@@ -1,0 +1,155 @@
+"""Command line: voxgate serve | say | voices | bench."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from voxgate import __version__
+
+
+def _settings(args: argparse.Namespace, **extra: Any) -> Any:
+    """Settings from the environment, with command-line flags taking precedence."""
+    from voxgate.config import Settings
+
+    overrides = {k: v for k, v in extra.items() if v is not None}
+    for name in ("host", "port", "engine", "log_level"):
+        value = getattr(args, name, None)
+        if value is not None:
+            overrides[name] = value
+    return Settings(**overrides)
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from voxgate.serving.app import create_app
+
+    settings = _settings(args, warmup=False if args.no_warmup else None)
+    _logging(settings.log_level)
+    app = create_app(settings)
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started and self.servers:
+                host, port = self.servers[0].sockets[0].getsockname()[:2]
+                print(
+                    f"voxgate {__version__} serving on http://{host}:{port}  (engine={settings.engine}; "
+                    f"warming up, GET /healthz says when ready; Ctrl-C stops)",
+                    flush=True,
+                )
+
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=args.access_log
+    )
+    Server(config).run()
+    return 0
+
+
+def cmd_say(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from voxgate.audio import check_output, resample, wav_bytes
+    from voxgate.engines.registry import create_engine
+    from voxgate.types import CancelToken, SynthesisRequest
+
+    settings = _settings(args)
+    _logging(settings.log_level if args.verbose else "warning")
+    engine = create_engine(settings.engine, settings)
+    voice = args.voice or settings.default_voice or engine.voices()[0].id
+    rate = check_output("wav", args.sample_rate, engine.sample_rate)
+    request = SynthesisRequest(text=args.text, voice=voice, speed=args.speed)
+    t0 = time.perf_counter()
+    parts, first = [], None
+    for chunk in engine.stream(request, CancelToken()):
+        first = first or chunk.t_ready - t0
+        parts.append(chunk.samples)
+    elapsed = time.perf_counter() - t0
+    samples = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+    Path(args.output).write_bytes(wav_bytes(resample(samples, engine.sample_rate, rate), rate))
+    duration = len(samples) / engine.sample_rate
+    print(
+        f"wrote {args.output}: {duration:.2f} s at {rate} Hz (engine={engine.name}, voice={voice}; "
+        f"first chunk {1000 * (first or 0):.0f} ms, total {elapsed:.2f} s, RTF {elapsed / max(duration, 1e-9):.3f})"
+    )
+    return 0
+
+
+def cmd_voices(args: argparse.Namespace) -> int:
+    from voxgate.engines.registry import create_engine
+
+    settings = _settings(args)
+    engine = create_engine(settings.engine, settings)
+    for i, voice in enumerate(engine.voices()):
+        default = "  (default)" if i == 0 else ""
+        print(f"{voice.id}\t{','.join(voice.languages)}\t{voice.description}{default}")
+    return 0
+
+
+def cmd_bench_http(args: argparse.Namespace) -> int:
+    from voxgate.bench.http import run_http_bench
+
+    return run_http_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="voxgate", description="Real-time voice stack.")
+    parser.add_argument("--version", action="version", version=f"voxgate {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the HTTP server (settings: VOXGATE_* environment variables)")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8000; 0 = any free port)")
+    serve.add_argument("--engine", help="engine: piper (default) or tone")
+    serve.add_argument("--log-level", dest="log_level", help="debug | info | warning | error")
+    serve.add_argument("--no-warmup", action="store_true", help="skip the engine warm-up synthesis")
+    serve.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    serve.set_defaults(func=cmd_serve)
+
+    say = sub.add_parser("say", help="synthesise text to a WAV file")
+    say.add_argument("text")
+    say.add_argument("-o", "--output", default="out.wav", help="WAV file to write (default out.wav)")
+    say.add_argument("--engine", help="engine name (default from VOXGATE_ENGINE, else piper)")
+    say.add_argument("--voice", help="voice id (default: the engine's first voice)")
+    say.add_argument("--speed", type=float, default=1.0, help="speaking rate, 0.25-4.0")
+    say.add_argument("--sample-rate", type=int, help="output rate (default: the engine's)")
+    say.add_argument("-v", "--verbose", action="store_true")
+    say.set_defaults(func=cmd_say)
+
+    voices = sub.add_parser("voices", help="list the voices of an engine")
+    voices.add_argument("--engine", help="engine name")
+    voices.set_defaults(func=cmd_voices)
+
+    bench = sub.add_parser("bench", help="benchmarks that write JSON").add_subparsers(dest="bench", required=True)
+    from voxgate.bench.http import add_arguments
+
+    http = bench.add_parser("http", help="TTFA and RTF of the HTTP server (spawns servers on loopback)")
+    add_arguments(http)
+    http.set_defaults(func=cmd_bench_http)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from voxgate.types import VoxgateError
+
+    try:
+        return int(args.func(args))
+    except VoxgateError as exc:
+        print(f"voxgate: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

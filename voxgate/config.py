@@ -1,0 +1,86 @@
+"""Settings: read once from the environment (prefix VOXGATE_) into a frozen object.
+
+Nothing else in voxgate reads the environment; the CLI builds `Settings` and passes it down.
+List settings accept either JSON (`["a","b"]`) or a comma-separated string (`a,b`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEFAULT_STARTERS = ("Sure.", "Sure, ", "Okay, ", "Okay.", "OK, ", "Yes, ", "Hmm, ", "Well, ", "好的", "嗯")
+OPENAI_VOICES = (
+    "alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse", "marin", "cedar",
+)  # fmt: skip
+
+
+def _split_list(value: Any) -> Any:
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            return json.loads(text)
+        return [part.strip() for part in text.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Every voxgate setting. Environment variable = `VOXGATE_` + upper-case name."""
+
+    model_config = SettingsConfigDict(env_prefix="VOXGATE_", frozen=True, extra="ignore")
+
+    # server
+    host: str = Field("127.0.0.1", description="Address to bind; loopback unless told otherwise.")
+    port: int = Field(8000, ge=0, le=65535, description="Port to bind; 0 picks a free port.")
+    engine: str = Field("piper", description="Engine name: piper, tone.")
+    default_voice: str | None = Field(None, description="Voice used when a request names none (engine default).")
+    log_level: str = Field("info", description="Logging level: debug, info, warning, error.")
+    warmup: bool = Field(True, description="Synthesise once at start-up before /healthz reports ready.")
+
+    # safety and limits
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Bearer tokens accepted on every endpoint but /healthz; empty = no auth."
+    )
+    max_request_bytes: int = Field(65536, ge=1024, description="Largest accepted request body.")
+    max_text_chars: int = Field(4096, ge=1, description="Longest accepted text, in characters.")
+    max_streams: int = Field(64, ge=1, description="Concurrent audio streams for the whole server.")
+    max_streams_per_client: int = Field(8, ge=1, description="Concurrent streams per client (API key, else IP).")
+
+    # streaming
+    chunk_ms: int = Field(40, ge=5, le=1000, description="Largest audio piece written to the wire, in ms.")
+    starter_cache: bool = Field(True, description="Pre-synthesise common openers and stream them from memory.")
+    starter_phrases: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(DEFAULT_STARTERS), description="Openers for the starter cache."
+    )
+    voice_aliases: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(OPENAI_VOICES),
+        description="Voice names (e.g. OpenAI's) accepted as the default voice.",
+    )
+    timings_kept: int = Field(1000, ge=0, description="Recent request timings kept for GET /debug/timings.")
+
+    # engines
+    tone_unit_ms: int = Field(120, ge=1, description="tone: audio per text unit, in ms.")
+    tone_delay_ms: float = Field(0.0, ge=0, description="tone: simulated compute time per chunk, in ms.")
+    tone_units_per_chunk: int = Field(1, ge=1, description="tone: text units per audio chunk.")
+    piper_model: Path | None = Field(None, description="piper: .onnx voice; default is the packaged en_US joe voice.")
+    piper_threads: int = Field(0, ge=0, description="piper: onnxruntime intra-op threads; 0 = library default.")
+
+    @field_validator("api_keys", "starter_phrases", "voice_aliases", mode="before")
+    @classmethod
+    def _lists(cls, value: Any) -> Any:
+        return _split_list(value)
+
+
+def describe_settings() -> list[tuple[str, str, str]]:
+    """(env var, default, description) rows for docs and `voxgate serve --help-settings`."""
+    rows = []
+    for name, field in Settings.model_fields.items():
+        default = field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
+        if isinstance(default, list):
+            default = ",".join(default)
+        rows.append((f"VOXGATE_{name.upper()}", "" if default is None else str(default), field.description or ""))
+    return rows

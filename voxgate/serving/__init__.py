@@ -1,0 +1,1 @@
+"""HTTP serving: FastAPI app, routes, streaming driver, metrics."""

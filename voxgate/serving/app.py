@@ -1,0 +1,159 @@
+"""The FastAPI application: state, the request gate, error mapping and start-up."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from voxgate import __version__
+from voxgate.config import Settings
+from voxgate.engines.base import Engine
+from voxgate.serving.http import router
+from voxgate.serving.metrics import Metrics
+from voxgate.serving.protocol import describe_validation, error_body
+from voxgate.serving.state import ServerState
+from voxgate.types import RequestTooLarge, Unauthorized, VoxgateError
+
+log = logging.getLogger(__name__)
+_OPEN_PATHS = ("/healthz",)
+_KNOWN_PATHS = ("/tts/stream", "/v1/audio/speech", "/v1/voices", "/healthz", "/metrics", "/debug/timings")
+
+
+def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
+    """Build the app. The engine (created from settings unless given) loads and warms up
+    in the background; /healthz turns ready when that is done."""
+    state = ServerState(settings, engine=engine)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loader = asyncio.get_running_loop().run_in_executor(None, state.start)
+        try:
+            yield
+        finally:
+            await loader
+            state.close()
+
+    app = FastAPI(title="voxgate", version=__version__, lifespan=lifespan)
+    app.state.voxgate = state
+    app.include_router(router)
+    _install_error_handlers(app, state.metrics)
+    app.add_middleware(RequestGate, settings=settings, metrics=state.metrics)
+    return app
+
+
+def error_response(exc: VoxgateError, metrics: Metrics) -> JSONResponse:
+    metrics.errors.labels(exc.code).inc()
+    headers = {"www-authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+    return JSONResponse(error_body(exc.code, exc.message), status_code=exc.status, headers=headers)
+
+
+def _install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
+    def plain(status: int, code: str, message: str) -> JSONResponse:
+        metrics.errors.labels(code).inc()
+        return JSONResponse(error_body(code, message), status_code=status)
+
+    @app.exception_handler(VoxgateError)
+    async def on_voxgate_error(_: Request, exc: VoxgateError) -> JSONResponse:
+        return error_response(exc, metrics)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return plain(400, "invalid_request", describe_validation(list(exc.errors())))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return plain(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def on_bug(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return plain(500, "internal_error", "internal error; the server log has the details")
+
+
+class RequestGate:
+    """Pure ASGI middleware in front of every route: stamps `t_req_in`, checks the bearer
+    token, reads the body up to the size limit (413 beyond), and counts responses."""
+
+    def __init__(self, app: ASGIApp, settings: Settings, metrics: Metrics) -> None:
+        self.app = app
+        self.keys = [k.encode() for k in settings.api_keys]
+        self.max_bytes = settings.max_request_bytes
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t_req_in = time.perf_counter()
+        path = scope["path"]
+        endpoint = path if path in _KNOWN_PATHS else "other"
+
+        async def counted_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(endpoint, str(message["status"])).inc()
+            await send(message)
+
+        headers = dict(scope["headers"])
+        try:
+            key = self._authorise(path, headers.get(b"authorization", b""))
+            body = await self._read_body(receive, headers.get(b"content-length"))
+        except VoxgateError as exc:
+            await error_response(exc, self.metrics)(scope, receive, counted_send)
+            return
+        client = key or (scope.get("client") or ("unknown",))[0]
+        scope.setdefault("state", {}).update(t_req_in=t_req_in, client_id=str(client))
+        await self.app(scope, _replay(body, receive), counted_send)
+
+    def _authorise(self, path: str, header: bytes) -> str | None:
+        if not self.keys or path in _OPEN_PATHS:
+            return None
+        scheme, _, token = header.partition(b" ")
+        if scheme.lower() != b"bearer" or not token:
+            raise Unauthorized("missing bearer token: send 'Authorization: Bearer <key>'")
+        for index, key in enumerate(self.keys):
+            if hmac.compare_digest(key, token.strip()):
+                return f"key{index}"  # the client identity for per-client limits, never the key itself
+        raise Unauthorized("the API key is not valid")
+
+    async def _read_body(self, receive: Receive, content_length: bytes | None) -> bytes:
+        if content_length is not None and content_length.isdigit() and int(content_length) > self.max_bytes:
+            raise RequestTooLarge(f"the body is {int(content_length)} bytes; the limit is {self.max_bytes}")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # client gone before sending the body; the route will see the disconnect
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise RequestTooLarge(f"the body exceeds the limit of {self.max_bytes} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that yields the buffered body once, then forwards (for disconnects)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

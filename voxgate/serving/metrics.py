@@ -1,0 +1,37 @@
+"""Prometheus metrics, one registry per app so several apps can live in one process."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_RTF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.ttfa = Histogram(
+            "voxgate_ttfa_seconds", "Request in to first audio bytes written, server side.",
+            ["endpoint", "starter"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.duration = Histogram(
+            "voxgate_stream_seconds", "Request in to last byte written.", ["endpoint"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.rtf = Histogram("voxgate_rtf", "Wall time / audio duration per completed stream.", ["endpoint"],
+                             buckets=_RTF_BUCKETS, registry=r)  # fmt: skip
+        self.active_streams = Gauge("voxgate_active_streams", "Audio streams open now.", registry=r)
+        self.requests = Counter("voxgate_requests_total", "Requests by endpoint and status.",
+                                ["endpoint", "status"], registry=r)  # fmt: skip
+        self.errors = Counter("voxgate_errors_total", "Errors by code.", ["code"], registry=r)
+        self.cancelled = Counter("voxgate_streams_cancelled_total", "Streams stopped before the end, by reason.",
+                                 ["reason"], registry=r)  # fmt: skip
+        self.engine_chunks = Counter("voxgate_engine_chunks_total", "Chunks produced by the engine.", registry=r)
+        self.audio_seconds = Counter("voxgate_audio_seconds_total", "Audio seconds sent to clients.", registry=r)
+        self.starter_hits = Counter("voxgate_starter_cache_hits_total", "Requests served a cached opener.",
+                                    registry=r)  # fmt: skip
+        self.ready = Gauge("voxgate_ready", "1 once warm-up has finished.", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

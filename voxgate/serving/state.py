@@ -1,0 +1,183 @@
+"""What one running server holds, the checks every request passes, and start-up warm-up."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from voxgate.audio import AudioFormat, check_output
+from voxgate.config import Settings
+from voxgate.engines.base import Engine, collect
+from voxgate.engines.registry import create_engine
+from voxgate.serving.metrics import Metrics
+from voxgate.serving.starter import StarterCache
+from voxgate.serving.stream import StreamLimiter
+from voxgate.text import normalize_language
+from voxgate.types import (
+    EmptyText,
+    NotReady,
+    SynthesisRequest,
+    TextTooLong,
+    Timing,
+    UnknownVoice,
+    UnsupportedLanguage,
+    VoiceInfo,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPlan:
+    """A validated request: what to synthesise and how to put it on the wire."""
+
+    request: SynthesisRequest
+    fmt: AudioFormat
+    sample_rate: int
+
+
+@dataclass
+class ServerState:
+    settings: Settings
+    metrics: Metrics = field(default_factory=Metrics)
+    starters: StarterCache = field(default_factory=StarterCache)
+    engine: Engine | None = None
+    ready: bool = False
+    startup_error: str | None = None
+    limiter: StreamLimiter = field(init=False)
+    executor: ThreadPoolExecutor = field(init=False)
+    timings: deque[dict[str, Any]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.limiter = StreamLimiter(s.max_streams, s.max_streams_per_client)
+        # one worker per possible stream, plus room for closing cancelled iterators
+        self.executor = ThreadPoolExecutor(s.max_streams + 4, thread_name_prefix="voxgate-engine")
+        self.timings = deque(maxlen=max(1, s.timings_kept))
+
+    # ------------------------------------------------------------------ start-up
+
+    def start(self) -> None:
+        """Load the engine, warm it up and fill the starter cache (runs on a worker thread)."""
+        t0 = time.perf_counter()
+        try:
+            if self.engine is None:
+                self.engine = create_engine(self.settings.engine, self.settings)
+            voices = [v.id for v in self.engine.voices()]
+            if self.default_voice() not in voices:
+                raise UnknownVoice(f"VOXGATE_DEFAULT_VOICE={self.default_voice()!r} is not one of {', '.join(voices)}")
+            if self.settings.warmup:
+                self.engine.warmup()
+            if self.settings.starter_cache:
+                self._fill_starters(self.engine)
+        except Exception as exc:
+            self.startup_error = f"{type(exc).__name__}: {exc}"
+            log.exception("start-up failed")
+            return
+        self.ready = True
+        self.metrics.ready.set(1)
+        log.info("ready in %.2f s (engine=%s, %d starters)", time.perf_counter() - t0, self.engine.name, len(self.starters))
+
+    def _fill_starters(self, engine: Engine) -> None:
+        voice = self.default_voice()
+        info = next(v for v in engine.voices() if v.id == voice)
+        for phrase in self.settings.starter_phrases:
+            if not self._speaks(info, phrase):
+                continue
+            audio = collect(engine, SynthesisRequest(text=phrase.strip(), voice=voice))
+            self.starters.add(voice, phrase, audio.samples, audio.sample_rate)
+
+    @staticmethod
+    def _speaks(voice: VoiceInfo, phrase: str) -> bool:
+        """Skip openers in a script the voice does not speak (e.g. 好的 for an English voice)."""
+        if "*" in voice.languages or any(lang in ("zh", "ja", "ko") for lang in voice.languages):
+            return True
+        return phrase.isascii()
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.engine is not None:
+            self.engine.close()
+
+    # ------------------------------------------------------------------ per request
+
+    def require_engine(self) -> Engine:
+        if self.startup_error:
+            raise NotReady(f"the engine failed to start: {self.startup_error}")
+        if not self.ready or self.engine is None:
+            raise NotReady("the server is warming up; poll GET /healthz")
+        return self.engine
+
+    def default_voice(self) -> str:
+        assert self.engine is not None  # internal invariant: called only once the engine exists
+        return self.settings.default_voice or self.engine.voices()[0].id
+
+    def resolve_voice(self, voice: str | None) -> VoiceInfo:
+        engine = self.require_engine()
+        voices = {v.id: v for v in engine.voices()}
+        if voice is None or voice in self.settings.voice_aliases:
+            voice = self.default_voice()
+        if voice not in voices:
+            raise UnknownVoice(f"unknown voice {voice!r}; available: {', '.join(voices)}")
+        return voices[voice]
+
+    def plan(
+        self,
+        *,
+        text: str,
+        voice: str | None,
+        fmt: str,
+        sample_rate: int | None,
+        language: str | None = None,
+        speed: float = 1.0,
+        instructions: str | None = None,
+        request_id: str = "",
+    ) -> StreamPlan:
+        engine = self.require_engine()
+        if not text.strip():
+            raise EmptyText("text is empty")
+        if len(text) > self.settings.max_text_chars:
+            raise TextTooLong(f"text has {len(text)} characters; the limit is {self.settings.max_text_chars}")
+        info = self.resolve_voice(voice)
+        lang = normalize_language(language)
+        if lang is not None and "*" not in info.languages and lang not in info.languages:
+            raise UnsupportedLanguage(f"voice {info.id!r} speaks {', '.join(info.languages)}, not {language!r}")
+        rate = check_output(fmt, sample_rate, engine.sample_rate)
+        request = SynthesisRequest(
+            text=text, voice=info.id, language=lang, speed=speed, instructions=instructions, request_id=request_id
+        )
+        return StreamPlan(request, fmt, rate)  # type: ignore[arg-type]
+
+    def record(self, endpoint: str, request_id: str, timing: Timing, status: str, starter: bool) -> None:
+        """Export one finished stream: metrics, the timings ring and a log line."""
+        m = self.metrics
+        ttfa, total, rtf = timing.ttfa_s, timing.total_s, timing.rtf
+        if ttfa is not None:
+            m.ttfa.labels(endpoint, str(starter).lower()).observe(ttfa)
+        if total is not None:
+            m.duration.labels(endpoint).observe(total)
+        if status == "completed" and rtf is not None:
+            m.rtf.labels(endpoint).observe(rtf)
+        else:
+            m.cancelled.labels(status).inc()
+        m.audio_seconds.inc(timing.audio_s)
+        m.engine_chunks.inc(timing.chunks_generated)
+        m.active_streams.set(self.limiter.active)
+        entry = {
+            "request_id": request_id,
+            "endpoint": endpoint,
+            "status": status,
+            "starter": starter,
+            "ttfa_ms": None if ttfa is None else round(ttfa * 1000, 3),
+            "total_ms": None if total is None else round(total * 1000, 3),
+            "audio_s": round(timing.audio_s, 4),
+            "rtf": None if rtf is None else round(rtf, 4),
+            "chunks_generated": timing.chunks_generated,
+            "pieces_sent": timing.chunks_sent,
+        }
+        self.timings.append(entry)
+        log.info("stream %s", entry)

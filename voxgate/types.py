@@ -1,0 +1,241 @@
+"""Shared vocabulary: requests, audio chunks, timings and typed errors.
+
+Everything that crosses a module boundary is one of these plain dataclasses; no module
+here imports asyncio, HTTP or torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class SynthesisRequest:
+    """What to say and how. Engines receive it already validated by the caller."""
+
+    text: str
+    voice: str
+    language: str | None = None
+    speed: float = 1.0
+    instructions: str | None = None
+    seed: int | None = None
+    priority: int = 0
+    request_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AudioChunk:
+    """A piece of mono audio as float32 samples in [-1, 1] at `sample_rate`.
+
+    `unit_start`/`unit_end` give the half-open range of text units (see `voxgate.text`)
+    that this chunk covers, when the engine knows it; `t_ready` is the monotonic time
+    (`time.perf_counter()`) at which the engine produced it.
+    """
+
+    samples: np.ndarray
+    sample_rate: int
+    seq: int = 0
+    unit_start: int | None = None
+    unit_end: int | None = None
+    t_ready: float = 0.0
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.samples) / self.sample_rate
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceInfo:
+    """A voice an engine offers."""
+
+    id: str
+    engine: str
+    languages: tuple[str, ...]
+    description: str = ""
+
+
+@dataclass(slots=True)
+class Timing:
+    """Server-side timestamps of one request (perf_counter seconds), see ARCHITECTURE.md."""
+
+    t_req_in: float
+    t_first_audio_out: float | None = None
+    t_done: float | None = None
+    audio_s: float = 0.0
+    chunks_generated: int = 0
+    chunks_sent: int = 0
+
+    @property
+    def ttfa_s(self) -> float | None:
+        if self.t_first_audio_out is None:
+            return None
+        return self.t_first_audio_out - self.t_req_in
+
+    @property
+    def total_s(self) -> float | None:
+        if self.t_done is None:
+            return None
+        return self.t_done - self.t_req_in
+
+    @property
+    def rtf(self) -> float | None:
+        total = self.total_s
+        if total is None or self.audio_s <= 0:
+            return None
+        return total / self.audio_s
+
+
+class CancelToken:
+    """Set once by whoever stops a stream; engines check it between chunks."""
+
+    __slots__ = ("_event", "reason")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason: str | None = None
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        if not self._event.is_set():
+            self.reason = reason
+            self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to `timeout` seconds, waking at once on cancel; True if cancelled."""
+        return self._event.wait(timeout)
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+class VoxgateError(Exception):
+    """Base of every error voxgate reports: a stable `code`, a human `message`, and the
+    HTTP status the serving layer maps it to."""
+
+    code = "internal_error"
+    status = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class InvalidRequest(VoxgateError):
+    """Malformed or inconsistent input."""
+
+    code = "invalid_request"
+    status = 400
+
+
+class EmptyText(VoxgateError):
+    """The text is empty or only whitespace."""
+
+    code = "empty_text"
+    status = 400
+
+
+class TextTooLong(VoxgateError):
+    """The text exceeds the configured limit."""
+
+    code = "text_too_long"
+    status = 413
+
+
+class RequestTooLarge(VoxgateError):
+    """The request body is too large."""
+
+    code = "request_too_large"
+    status = 413
+
+
+class UnknownVoice(VoxgateError):
+    """The voice is not offered by the engine."""
+
+    code = "unknown_voice"
+    status = 400
+
+
+class UnknownModel(VoxgateError):
+    """The model name is not served here."""
+
+    code = "unknown_model"
+    status = 400
+
+
+class UnsupportedFormat(VoxgateError):
+    """The audio format is not supported."""
+
+    code = "unsupported_format"
+    status = 400
+
+
+class UnsupportedSampleRate(VoxgateError):
+    """The sample rate is not supported."""
+
+    code = "unsupported_sample_rate"
+    status = 400
+
+
+class UnsupportedLanguage(VoxgateError):
+    """The voice does not speak this language."""
+
+    code = "unsupported_language"
+    status = 400
+
+
+class Unauthorized(VoxgateError):
+    """Missing or wrong API key."""
+
+    code = "unauthorized"
+    status = 401
+
+
+class NotFound(VoxgateError):
+    """No such resource."""
+
+    code = "not_found"
+    status = 404
+
+
+class TooManyStreams(VoxgateError):
+    """The client has too many open streams."""
+
+    code = "too_many_streams"
+    status = 429
+
+
+class UnknownEngine(VoxgateError):
+    """No engine is registered under this name."""
+
+    code = "unknown_engine"
+    status = 400
+
+
+class EngineFailure(VoxgateError):
+    """The engine failed while synthesising."""
+
+    code = "engine_error"
+    status = 500
+
+
+class NotReady(VoxgateError):
+    """The server is still warming up."""
+
+    code = "not_ready"
+    status = 503
+
+
+class Busy(VoxgateError):
+    """The server is at its stream limit."""
+
+    code = "busy"
+    status = 503
