@@ -139,7 +139,9 @@ async def open_stream(state: ServerState, request: Request, plan: StreamPlan, en
     stream: EngineStream | None = None
     try:
         if hit is None or hit.remainder:
-            stream = EngineStream(engine, replace(req, text=hit.remainder) if hit else req, state.executor)
+            state.metrics.engine_streams.inc()
+            engine_req = replace(req, text=hit.remainder) if hit else req
+            stream = EngineStream(engine, engine_req, state.executor, state.metrics.engine_streams.dec)
         first = await stream.next() if stream is not None and hit is None else None
     except BaseException:
         if stream is not None:

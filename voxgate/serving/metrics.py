@@ -27,6 +27,7 @@ class Metrics:
         self.errors = Counter("voxgate_errors_total", "Errors by code.", ["code"], registry=r)
         self.cancelled = Counter("voxgate_streams_cancelled_total", "Streams stopped before the end, by reason.",
                                  ["reason"], registry=r)  # fmt: skip
+        self.engine_streams = Gauge("voxgate_engine_streams_open", "Engine iterators not yet closed.", registry=r)
         self.engine_chunks = Counter("voxgate_engine_chunks_total", "Chunks produced by the engine.", registry=r)
         self.audio_seconds = Counter("voxgate_audio_seconds_total", "Audio seconds sent to clients.", registry=r)
         self.starter_hits = Counter("voxgate_starter_cache_hits_total", "Requests served a cached opener.",

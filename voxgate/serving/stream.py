@@ -28,9 +28,17 @@ log = logging.getLogger(__name__)
 class EngineStream:
     """An engine's chunk iterator run on `executor`, one chunk ahead of the consumer."""
 
-    def __init__(self, engine: Engine, request: SynthesisRequest, executor: Executor) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        request: SynthesisRequest,
+        executor: Executor,
+        on_closed: Callable[[], None] | None = None,
+    ) -> None:
         self.token = CancelToken()
         self.generated = 0
+        self._on_closed = on_closed
+        self._closing = False
         self._executor = executor
         self._loop = asyncio.get_running_loop()
         self._iterator = engine.stream(request, self.token)
@@ -71,9 +79,19 @@ class EngineStream:
             self._close()
 
     def _close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
         if not self._pending.cancelled():
             self._pending.exception()  # retrieved here, so asyncio does not warn about it
-        self._loop.run_in_executor(self._executor, self._iterator.close)  # type: ignore[attr-defined]
+        self._loop.run_in_executor(self._executor, self._close_in_worker)
+
+    def _close_in_worker(self) -> None:
+        try:
+            self._iterator.close()  # type: ignore[attr-defined]  # runs the engine's cleanup
+        finally:
+            if self._on_closed is not None:
+                self._on_closed()
 
 
 @dataclass

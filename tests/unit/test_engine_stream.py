@@ -1,0 +1,91 @@
+"""EngineStream: the asyncio driver of a synchronous engine stream."""
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from voxgate.serving.stream import EngineStream
+from voxgate.types import AudioChunk, EngineFailure, SynthesisRequest
+
+REQUEST = SynthesisRequest(text="x", voice="v")
+
+
+class CountingEngine:
+    """A protocol-conforming engine that records how far it got and whether it was closed."""
+
+    name = "counting"
+    sample_rate = 1000
+
+    def __init__(self, chunks: int, delay_s: float = 0.0, fail_at: int | None = None) -> None:
+        self.chunks, self.delay_s, self.fail_at = chunks, delay_s, fail_at
+        self.produced = 0
+        self.closed = threading.Event()
+
+    def voices(self):
+        return []
+
+    def warmup(self):
+        return None
+
+    def close(self):
+        return None
+
+    def stream(self, request, cancel):
+        try:
+            for i in range(self.chunks):
+                if cancel.cancelled:
+                    return
+                time.sleep(self.delay_s)
+                if i == self.fail_at:
+                    raise RuntimeError("boom")
+                self.produced += 1
+                yield AudioChunk(np.zeros(10, dtype=np.float32), self.sample_rate, i)
+        finally:
+            self.closed.set()
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_streams_every_chunk_in_order():
+    async def main():
+        engine = CountingEngine(5)
+        stream = EngineStream(engine, REQUEST, ThreadPoolExecutor(2))
+        seqs = []
+        while (chunk := await stream.next()) is not None:
+            seqs.append(chunk.seq)
+        return seqs, stream.generated
+
+    assert _run(main()) == ([0, 1, 2, 3, 4], 5)
+
+
+def test_cancel_wastes_at_most_the_chunk_in_flight_and_closes_the_engine():
+    async def main():
+        engine = CountingEngine(100, delay_s=0.02)
+        stream = EngineStream(engine, REQUEST, ThreadPoolExecutor(2))
+        await stream.next()
+        await stream.next()
+        stream.cancel("client_disconnect")
+        assert await stream.next() is None
+        await asyncio.sleep(0.2)
+        return engine
+
+    engine = _run(main())
+    assert engine.closed.wait(2)
+    assert engine.produced <= 3  # two consumed + the one in flight at cancel
+
+
+def test_engine_exception_becomes_engine_failure():
+    async def main():
+        stream = EngineStream(CountingEngine(5, fail_at=1), REQUEST, ThreadPoolExecutor(2))
+        await stream.next()
+        with pytest.raises(EngineFailure, match="RuntimeError: boom"):
+            await stream.next()
+        assert await stream.next() is None
+
+    _run(main())

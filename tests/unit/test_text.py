@@ -1,0 +1,27 @@
+import pytest
+
+from voxgate.text import count_units, normalize_language, split_units
+
+
+def test_latin_units_are_words_with_their_punctuation():
+    units = split_units("Hello, world!  How are you?")
+    assert [u.text for u in units] == ["Hello,", "world!", "How", "are", "you?"]
+    assert [u.index for u in units] == [0, 1, 2, 3, 4]
+    assert units[1].start == 7 and units[1].end == 13
+
+
+def test_cjk_units_are_characters_and_mix_with_words():
+    assert [u.text for u in split_units("你好，world 吗")] == ["你", "好", "，", "world", "吗"]
+    assert count_units("こんにちは") == 5
+
+
+def test_whitespace_has_no_units():
+    assert split_units(" \n\t ") == []
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [("English", "en"), ("en", "en"), ("en-US", "en"), ("zh_CN", "zh"), ("Chinese", "zh"), ("auto", None), (None, None)],
+)
+def test_normalize_language(given, expected):
+    assert normalize_language(given) == expected
