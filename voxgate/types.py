@@ -67,6 +67,7 @@ class Timing:
     audio_s: float = 0.0
     chunks_generated: int = 0
     chunks_sent: int = 0
+    error_code: str | None = None  # set when the stream ended on an error after it started
 
     @property
     def ttfa_s(self) -> float | None:

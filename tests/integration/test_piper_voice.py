@@ -52,7 +52,7 @@ def test_piper_streams_sentence_by_sentence(piper_server):
 
 
 def test_piper_starter_cache_hit_is_intelligible(piper_server, whisper):
-    text = "Sure. The meeting starts at nine."
+    text = "Okay, the train leaves from platform two."
     r = httpx.post(f"{piper_server.url}/tts/stream", json={"text": text, "format": "wav", "sample_rate": 16000},
                    timeout=60)  # fmt: skip
     assert r.headers["x-cache-starter"] == "true"

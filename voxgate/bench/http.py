@@ -77,7 +77,8 @@ def _series(url: str, text: str, n: int, warmup: int, concurrency: int = 1) -> d
 
 def bench_engine(engine: str, n: int, warmup: int, concurrency: int) -> dict[str, Any]:
     t0 = time.perf_counter()
-    with ServerProcess(engine=engine) as server:
+    limits = {"MAX_STREAMS": str(max(64, concurrency)), "MAX_STREAMS_PER_CLIENT": str(max(8, concurrency))}
+    with ServerProcess(engine=engine, env=limits) as server:
         startup_s = time.perf_counter() - t0
         print(f"[{engine}] server ready in {startup_s:.1f} s at {server.url}", flush=True)
         result: dict[str, Any] = {"startup_s": round(startup_s, 2)}

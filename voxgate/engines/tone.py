@@ -3,6 +3,10 @@
 Each text unit becomes a short tone whose pitch is a hash of the unit, so audio length and
 content follow the text exactly: `unit_ms / speed` per unit, identical on every run.
 No model, negligible compute (optionally a simulated per-chunk delay).
+
+Fault injection for protocol tests: the unit `[[fail]]` makes the engine raise
+`EngineFailure` when it reaches it, so clients and servers can be tested on a stream that
+breaks part-way.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ import numpy as np
 
 from voxgate.config import Settings
 from voxgate.text import split_units
-from voxgate.types import AudioChunk, CancelToken, SynthesisRequest, VoiceInfo
+from voxgate.types import AudioChunk, CancelToken, EngineFailure, SynthesisRequest, VoiceInfo
 
 SAMPLE_RATE = 24000
+FAIL_UNIT = "[[fail]]"
 _FADE_S = 0.005
 _VOICES = {"tone": 1.0, "tone-high": 2.0}  # voice -> pitch multiplier
 
@@ -65,6 +70,8 @@ class ToneEngine:
             if cancel.cancelled or (self.delay_s and cancel.wait(self.delay_s)):
                 return
             group = units[first : first + self.units_per_chunk]
+            if any(u.text == FAIL_UNIT for u in group):
+                raise EngineFailure(f"injected failure at unit {group[0].index}")
             samples = np.concatenate([unit_tone(u.text, n, pitch) for u in group])
             yield AudioChunk(samples, SAMPLE_RATE, seq, group[0].index, group[-1].index + 1, time.perf_counter())
 

@@ -210,6 +210,7 @@ async def _sse_events(pieces: AsyncIterator[bytes], text: str, timing: Timing) -
             event = {"type": "speech.audio.delta", "audio": base64.b64encode(part).decode()}
             yield f"data: {json.dumps(event)}\n\n".encode()
     except VoxgateError as exc:
+        timing.error_code = exc.code
         yield f"data: {json.dumps({'type': 'error', **error_of(exc)})}\n\n".encode()
         return
     finally:

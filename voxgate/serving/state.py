@@ -164,6 +164,8 @@ class ServerState:
             m.rtf.labels(endpoint).observe(rtf)
         else:
             m.cancelled.labels(status).inc()
+        if timing.error_code is not None:
+            m.errors.labels(timing.error_code).inc()
         m.audio_seconds.inc(timing.audio_s)
         m.engine_chunks.inc(timing.chunks_generated)
         m.active_streams.set(self.limiter.active)
@@ -178,6 +180,7 @@ class ServerState:
             "rtf": None if rtf is None else round(rtf, 4),
             "chunks_generated": timing.chunks_generated,
             "pieces_sent": timing.chunks_sent,
+            "error": timing.error_code,
         }
         self.timings.append(entry)
         log.info("stream %s", entry)

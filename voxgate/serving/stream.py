@@ -163,19 +163,25 @@ class AudioStreamResponse(Response):
                         group.cancel_scope.cancel()
 
                 group.start_soon(watch_disconnect)
-                await self._send_all(send, outcome)
+                await self._send_all(send)
                 group.cancel_scope.cancel()
-        except OSError:  # the transport reported the disconnect first
-            outcome.status = "client_disconnect"
-        except Exception:
+        except Exception as exc:
+            while isinstance(exc, ExceptionGroup):  # the task group wraps what the body raised
+                exc = exc.exceptions[0]
+            if isinstance(exc, OSError):  # the transport reported the disconnect first
+                outcome.status = "client_disconnect"
+                return
             outcome.status = "failed"
-            raise  # uvicorn drops the connection: the client sees a truncated body, not a clean end
+            self.timing.error_code = getattr(exc, "code", "internal_error")
+            raise exc  # uvicorn drops the connection: the client sees a truncated body, not a clean end
         finally:
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
             self.timing.t_done = time.perf_counter()
+            if self.timing.error_code is not None:
+                outcome.status = "failed"
             self.on_finish(outcome)
 
-    async def _send_all(self, send: Send, outcome: StreamOutcome) -> None:
+    async def _send_all(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         async for piece in self.body_iterator:
             await send({"type": "http.response.body", "body": piece, "more_body": True})
