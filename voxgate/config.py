@@ -68,6 +68,7 @@ class Settings(BaseSettings):
     tone_units_per_chunk: int = Field(1, ge=1, description="tone: text units per audio chunk.")
     piper_model: Path | None = Field(None, description="piper: .onnx voice; default is the packaged en_US joe voice.")
     piper_threads: int = Field(0, ge=0, description="piper: onnxruntime intra-op threads; 0 = library default.")
+    piper_parallel: int = Field(1, ge=1, description="piper: sentences synthesised at once; others wait in turn.")
 
     @field_validator("api_keys", "starter_phrases", "voice_aliases", mode="before")
     @classmethod

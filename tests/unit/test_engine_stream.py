@@ -89,3 +89,20 @@ def test_engine_exception_becomes_engine_failure():
         assert await stream.next() is None
 
     _run(main())
+
+
+def test_lazy_stream_does_no_work_until_started_and_closes_if_never_started():
+    async def main():
+        engine = CountingEngine(5)
+        stream = EngineStream(engine, REQUEST, ThreadPoolExecutor(2), start=False)
+        await asyncio.sleep(0.05)
+        assert engine.produced == 0
+        assert (await stream.next()).seq == 0
+        idle = CountingEngine(5)
+        closed = threading.Event()
+        EngineStream(idle, REQUEST, ThreadPoolExecutor(1), on_closed=closed.set, start=False).cancel("gone")
+        await asyncio.sleep(0.05)
+        return idle, closed
+
+    idle, closed = _run(main())
+    assert closed.is_set() and idle.produced == 0

@@ -111,13 +111,15 @@ def _table(results: dict[str, Any]) -> str:
 
 def run_http_bench(args: argparse.Namespace) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    before = machine()
     results = {e: bench_engine(e, args.n, args.warmup, args.concurrency) for e in engines}
     stamp = datetime.now(timezone.utc)
     report = {
         "bench": "http",
         "date": stamp.isoformat(timespec="seconds"),
         "command": f"voxgate bench http --engines {args.engines} --n {args.n} --concurrency {args.concurrency}",
-        "machine": machine(),
+        "machine": before,
+        "load_avg_1m_after": machine()["load_avg_1m"],
         "results": results,
     }
     out = Path(args.output_json or f"bench/results/http-{stamp:%Y%m%d-%H%M%S}.json")

@@ -41,6 +41,7 @@ def machine() -> dict[str, str | int | None]:
         pass
     return {
         "cpu": cpu,
+        "load_avg_1m": round(os.getloadavg()[0], 2),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "platform": platform.platform(),

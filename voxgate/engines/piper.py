@@ -2,6 +2,9 @@
 
 The text is phonemised once (espeak-ng, which is not thread-safe, so under a lock); each
 sentence is then one ONNX run and one chunk. Cancellation takes effect between sentences.
+At most `parallel` ONNX runs go at once (FIFO): on a small CPU, running every stream's
+sentence together only makes all of them late, while taking turns keeps the earliest
+requests fast and the total throughput the same.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ _ESPEAK_LOCK = threading.Lock()  # one espeak-ng instance per process
 class PiperEngine:
     name = "piper"
 
-    def __init__(self, model_path: Path | None = None, threads: int = 0) -> None:
+    def __init__(self, model_path: Path | None = None, threads: int = 0, parallel: int = 1) -> None:
         import onnxruntime
         from piper import PiperVoice, SynthesisConfig
 
@@ -46,6 +49,7 @@ class PiperEngine:
                 str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
             )
         self._config_cls = SynthesisConfig
+        self._turns = threading.Semaphore(parallel)
         self.sample_rate = int(self._voice.config.sample_rate)
         self._voice_id = model_path.name.removesuffix(".onnx")
         self._language = self._voice.config.espeak_voice.split("-")[0]
@@ -68,7 +72,8 @@ class PiperEngine:
         for seq, phonemes in enumerate(sentences):
             if cancel.cancelled:
                 return
-            audio = self._voice.phoneme_ids_to_audio(self._voice.phonemes_to_ids(phonemes), config)
+            with self._turns:
+                audio = self._voice.phoneme_ids_to_audio(self._voice.phonemes_to_ids(phonemes), config)
             samples = _normalise(np.asarray(audio, dtype=np.float32))
             last = seq == len(sentences) - 1
             # piper gives no word alignment: the final chunk closes the unit range
@@ -87,4 +92,4 @@ def _normalise(audio: np.ndarray) -> np.ndarray:
 
 
 def create(settings: Settings) -> PiperEngine:
-    return PiperEngine(settings.piper_model, settings.piper_threads)
+    return PiperEngine(settings.piper_model, settings.piper_threads, settings.piper_parallel)

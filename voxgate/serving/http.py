@@ -141,7 +141,8 @@ async def open_stream(state: ServerState, request: Request, plan: StreamPlan, en
         if hit is None or hit.remainder:
             state.metrics.engine_streams.inc()
             engine_req = replace(req, text=hit.remainder) if hit else req
-            stream = EngineStream(engine, engine_req, state.executor, state.metrics.engine_streams.dec)
+            # on a starter hit the engine starts once the cached opener is on the wire
+            stream = EngineStream(engine, engine_req, state.executor, state.metrics.engine_streams.dec, start=hit is None)
         first = await stream.next() if stream is not None and hit is None else None
     except BaseException:
         if stream is not None:
@@ -187,6 +188,8 @@ async def _audio_pieces(
     if hit is not None:
         for part in split_bytes(encoder.encode(hit.samples), piece):
             yield part
+            if stream is not None:
+                stream.start()
         timing.audio_s = encoder.samples_out / encoder.out_rate
     chunk = first if first is not None or stream is None else await stream.next()
     while chunk is not None:

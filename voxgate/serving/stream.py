@@ -26,7 +26,11 @@ log = logging.getLogger(__name__)
 
 
 class EngineStream:
-    """An engine's chunk iterator run on `executor`, one chunk ahead of the consumer."""
+    """An engine's chunk iterator run on `executor`, one chunk ahead of the consumer.
+
+    Work starts at construction, or with `start=False` at the first `start()`/`next()`, so
+    a caller can put cached audio on the wire before the engine competes for the CPU.
+    """
 
     def __init__(
         self,
@@ -34,6 +38,7 @@ class EngineStream:
         request: SynthesisRequest,
         executor: Executor,
         on_closed: Callable[[], None] | None = None,
+        start: bool = True,
     ) -> None:
         self.token = CancelToken()
         self.generated = 0
@@ -43,10 +48,13 @@ class EngineStream:
         self._loop = asyncio.get_running_loop()
         self._iterator = engine.stream(request, self.token)
         self._finished = False
-        self._pending: asyncio.Future[AudioChunk | None] = self._fetch()
+        self._pending: asyncio.Future[AudioChunk | None] | None = None
+        if start:
+            self.start()
 
-    def _fetch(self) -> asyncio.Future[AudioChunk | None]:
-        return self._loop.run_in_executor(self._executor, self._next_in_worker)
+    def start(self) -> None:
+        if self._pending is None and not self._closing:
+            self._pending = self._loop.run_in_executor(self._executor, self._next_in_worker)
 
     def _next_in_worker(self) -> AudioChunk | None:
         chunk = next(self._iterator, None)
@@ -56,7 +64,8 @@ class EngineStream:
 
     async def next(self) -> AudioChunk | None:
         """The next chunk, or None at the end. Engine exceptions surface as EngineFailure."""
-        if self._finished:
+        self.start()
+        if self._finished or self._pending is None:
             return None
         try:
             chunk = await asyncio.shield(self._pending)
@@ -67,13 +76,13 @@ class EngineStream:
         if chunk is None or self.token.cancelled:
             self._finished = True
             return None
-        self._pending = self._fetch()
+        self._pending = self._loop.run_in_executor(self._executor, self._next_in_worker)
         return chunk
 
     def cancel(self, reason: str) -> None:
         """Stop the engine between chunks and close its iterator once no call is running."""
         self.token.cancel(reason)
-        if not self._pending.done():
+        if self._pending is not None and not self._pending.done():
             self._pending.add_done_callback(lambda _: self._close())
         else:
             self._close()
@@ -82,7 +91,7 @@ class EngineStream:
         if self._closing:
             return
         self._closing = True
-        if not self._pending.cancelled():
+        if self._pending is not None and not self._pending.cancelled():
             self._pending.exception()  # retrieved here, so asyncio does not warn about it
         self._loop.run_in_executor(self._executor, self._close_in_worker)
 
