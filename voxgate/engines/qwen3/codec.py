@@ -1,0 +1,357 @@
+"""The 12 Hz codec decoder (codes -> 24 kHz waveform), truly incremental.
+
+Everything in the decoder is causal: causal convolutions, causal transposed convolutions
+and a sliding-window (72 frames) transformer. So a packet of P frames needs only a small
+state from the frames before it (each conv's last inputs, each transposed conv's overhang,
+the last 71 keys/values per layer) and yields exactly P * 1920 new samples. The one-shot
+decode is the same code run once on all frames from an empty state.
+
+Parameter names match the official `speech_tokenizer/model.safetensors` (prefix `decoder.`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from voxgate.engines.qwen3 import ops
+
+
+@dataclass(frozen=True)
+class CodecDecoderConfig:
+    codebook_size: int = 2048
+    codebook_dim: int = 512
+    latent_dim: int = 1024
+    decoder_dim: int = 1536
+    hidden_size: int = 512
+    intermediate_size: int = 1024
+    num_hidden_layers: int = 8
+    num_attention_heads: int = 16
+    num_key_value_heads: int = 16
+    head_dim: int = 64
+    num_quantizers: int = 16
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    sliding_window: int = 72
+    max_position_embeddings: int = 8000
+    upsample_rates: tuple[int, ...] = (8, 5, 4, 3)
+    upsampling_ratios: tuple[int, ...] = (2, 2)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> CodecDecoderConfig:
+        known = {f: raw[f] for f in cls.__dataclass_fields__ if f in raw}
+        for name in ("upsample_rates", "upsampling_ratios"):
+            if name in known:
+                known[name] = tuple(known[name])
+        return cls(**known)
+
+    @property
+    def samples_per_frame(self) -> int:
+        total = 1
+        for r in (*self.upsample_rates, *self.upsampling_ratios):
+            total *= r
+        return total
+
+
+@dataclass
+class DecoderState:
+    """What the decoder remembers between packets; `DecoderState()` is a fresh stream."""
+
+    position: int = 0
+    tensors: dict[str, Any] = field(default_factory=dict)
+
+
+class _Stateful(nn.Module):
+    key = ""  # set by CodecDecoder to the module's path, unique within the decoder
+
+
+class CausalConv(_Stateful):
+    def __init__(self, c_in: int, c_out: int, kernel: int, dilation: int = 1) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(c_in, c_out, kernel, dilation=dilation)
+        self.kernel, self.dilation = kernel, dilation
+
+    def forward(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        history = state.tensors.get(self.key)
+        if history is None:
+            history = x.new_zeros(x.shape[0], x.shape[1], (self.kernel - 1) * self.dilation)
+        weight2d = self.conv.weight.reshape(self.conv.out_channels, -1)
+        y, state.tensors[self.key] = ops.causal_conv(x, history, weight2d, self.conv.bias, self.kernel, self.dilation)
+        return y
+
+
+class CausalTransConv(_Stateful):
+    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int) -> None:
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(c_in, c_out, kernel, stride=stride)
+        self.stride = stride
+
+    def forward(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        c_in, c_out, k = self.conv.weight.shape
+        tail = state.tensors.get(self.key)
+        if tail is None:
+            tail = x.new_zeros(x.shape[0], c_out, k - self.stride)
+        weight2d = self.conv.weight.reshape(c_in, c_out * k).T
+        y, state.tensors[self.key] = ops.transposed_conv(x, tail, weight2d, self.conv.bias, self.stride)
+        return y
+
+
+class SnakeBeta(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: torch.Tensor, state: DecoderState | None = None) -> torch.Tensor:
+        return ops.snake_beta(x, torch.exp(self.alpha), 1.0 / (torch.exp(self.beta) + 1e-9))
+
+
+class DepthwiseConv(_Stateful):
+    def __init__(self, channels: int, kernel: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(channels, channels, kernel, groups=channels)
+
+    def forward(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        k = self.conv.weight.shape[-1]
+        history = state.tensors.get(self.key)
+        if history is None:
+            history = x.new_zeros(x.shape[0], x.shape[1], k - 1)
+        y, state.tensors[self.key] = ops.depthwise_causal_conv(x, history, self.conv.weight[:, 0], self.conv.bias)
+        return y
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dwconv = DepthwiseConv(dim, 7)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
+
+    def forward(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        h = self.dwconv(x, state).transpose(1, 2)
+        h = torch.nn.functional.layer_norm(h, self.norm.normalized_shape, self.norm.weight, self.norm.bias, 1e-6)
+        h = ops.linear(h, self.pwconv1.weight, self.pwconv1.bias)
+        h = ops.linear(torch.nn.functional.gelu(h), self.pwconv2.weight, self.pwconv2.bias)
+        return x + (self.gamma * h).transpose(1, 2)
+
+
+class ResidualUnit(nn.Module):
+    def __init__(self, dim: int, dilation: int) -> None:
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = CausalConv(dim, dim, 7, dilation)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = CausalConv(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        h = self.conv1(self.act1(x), state)
+        return self.conv2(self.act2(h), state) + x
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, rate: int) -> None:
+        super().__init__()
+        units = [ResidualUnit(c_out, d) for d in (1, 3, 9)]
+        self.block = nn.ModuleList([SnakeBeta(c_in), CausalTransConv(c_in, c_out, 2 * rate, rate), *units])
+
+    def forward(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        for layer in self.block:
+            x = layer(x, state)
+        return x
+
+
+class _Linear(nn.Linear):
+    """nn.Linear whose forward goes through ops.linear (row-count-invariant on CPU)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.linear(x, self.weight, self.bias)
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+
+class _Scale(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((dim,), 0.01))
+
+
+class _Attention(_Stateful):
+    def __init__(self, cfg: CodecDecoderConfig) -> None:
+        super().__init__()
+        heads, kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = _Linear(cfg.hidden_size, heads * d, bias=False)
+        self.k_proj = _Linear(cfg.hidden_size, kv * d, bias=False)
+        self.v_proj = _Linear(cfg.hidden_size, kv * d, bias=False)
+        self.o_proj = _Linear(heads * d, cfg.hidden_size, bias=False)
+        self.heads, self.kv_heads, self.head_dim, self.window = heads, kv, d, cfg.sliding_window
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
+        past = state.tensors.get(self.key)
+        if past is None:  # window-1 empty slots before the first frame
+            empty = k.new_zeros(b, self.kv_heads, self.window - 1, self.head_dim)
+            past = (empty, empty)
+        keys, values = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        state.tensors[self.key] = (keys[:, :, t:], values[:, :, t:])
+        if self.heads != self.kv_heads:
+            keys = keys.repeat_interleave(self.heads // self.kv_heads, dim=1)
+            values = values.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        first = state.position - (self.window - 1)  # absolute position of the first slot
+        valid = torch.arange(first, state.position + t, device=x.device) >= 0
+        out = ops.window_attention(q, keys, values, valid, self.window, self.head_dim**-0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+class _MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_proj = _Linear(dim, hidden, bias=False)
+        self.up_proj = _Linear(dim, hidden, bias=False)
+        self.down_proj = _Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _TransformerLayer(nn.Module):
+    def __init__(self, cfg: CodecDecoderConfig) -> None:
+        super().__init__()
+        self.self_attn = _Attention(cfg)
+        self.mlp = _MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn_layer_scale = _Scale(cfg.hidden_size)
+        self.mlp_layer_scale = _Scale(cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        x = x + self.self_attn_layer_scale.scale * self.self_attn(self.input_layernorm(x), cos, sin, state)
+        return x + self.mlp_layer_scale.scale * self.mlp(self.post_attention_layernorm(x))
+
+
+class _Transformer(nn.Module):
+    def __init__(self, cfg: CodecDecoderConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_TransformerLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_proj = _Linear(cfg.latent_dim, cfg.hidden_size)
+        self.output_proj = _Linear(cfg.hidden_size, cfg.latent_dim)
+        cos, sin = ops.rope_tables(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        t = x.shape[1]
+        positions = slice(state.position, state.position + t)
+        cos, sin = self.rope_cos[positions].to(x.dtype), self.rope_sin[positions].to(x.dtype)
+        h = self.input_proj(x)
+        for layer in self.layers:
+            h = layer(h, cos, sin, state)
+        return self.output_proj(self.norm(h))
+
+
+class _Codebook(nn.Module):
+    def __init__(self, size: int, dim: int) -> None:
+        super().__init__()
+        self.cluster_usage = nn.Parameter(torch.ones(size))
+        self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
+
+
+class _VQLayer(nn.Module):
+    def __init__(self, size: int, dim: int) -> None:
+        super().__init__()
+        self._codebook = _Codebook(size, dim)
+
+
+class _VQStack(nn.Module):
+    def __init__(self, n: int, size: int, dim: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_VQLayer(size, dim) for _ in range(n))
+
+
+class _RVQ(nn.Module):
+    def __init__(self, n: int, size: int, dim: int, io_dim: int) -> None:
+        super().__init__()
+        self.input_proj = nn.Conv1d(io_dim, dim, 1, bias=False)  # encoder side; unused when decoding
+        self.output_proj = nn.Conv1d(dim, io_dim, 1, bias=False)
+        self.vq = _VQStack(n, size, dim)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes: (B, n, T) -> (B, T, io_dim)."""
+        total = None
+        for i, layer in enumerate(self.vq.layers):
+            book = layer._codebook
+            table = book.embedding_sum / book.cluster_usage.clamp(min=1e-5)[:, None]
+            part = torch.nn.functional.embedding(codes[:, i], table)
+            total = part if total is None else total + part
+        assert total is not None
+        return ops.linear(total, self.output_proj.weight[:, :, 0])
+
+
+class _Quantizer(nn.Module):
+    def __init__(self, cfg: CodecDecoderConfig) -> None:
+        super().__init__()
+        dim = cfg.codebook_dim // 2
+        self.rvq_first = _RVQ(1, cfg.codebook_size, dim, cfg.codebook_dim)
+        self.rvq_rest = _RVQ(cfg.num_quantizers - 1, cfg.codebook_size, dim, cfg.codebook_dim)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.rvq_first.decode(codes[:, :1]) + self.rvq_rest.decode(codes[:, 1:])
+
+
+class CodecDecoder(nn.Module):
+    """codes (B, 16, T) -> waveform (B, T * 1920) in [-1, 1], packet by packet."""
+
+    def __init__(self, cfg: CodecDecoderConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.quantizer = _Quantizer(cfg)
+        self.pre_conv = CausalConv(cfg.codebook_dim, cfg.latent_dim, 3)
+        self.pre_transformer = _Transformer(cfg)
+        self.upsample = nn.ModuleList(
+            nn.ModuleList([CausalTransConv(cfg.latent_dim, cfg.latent_dim, r, r), ConvNeXtBlock(cfg.latent_dim)])
+            for r in cfg.upsampling_ratios
+        )
+        blocks: list[nn.Module] = [CausalConv(cfg.latent_dim, cfg.decoder_dim, 7)]
+        for i, rate in enumerate(cfg.upsample_rates):
+            blocks.append(DecoderBlock(cfg.decoder_dim >> i, cfg.decoder_dim >> (i + 1), rate))
+        out_dim = cfg.decoder_dim >> len(cfg.upsample_rates)
+        blocks += [SnakeBeta(out_dim), CausalConv(out_dim, 1, 7)]
+        self.decoder = nn.ModuleList(blocks)
+        for name, module in self.named_modules():
+            if isinstance(module, _Stateful):
+                module.key = name
+
+    @torch.inference_mode()
+    def decode(self, codes: torch.Tensor, state: DecoderState | None = None) -> torch.Tensor:
+        """Decode frames that follow `state` (a fresh stream when None); updates `state`."""
+        state = state if state is not None else DecoderState()
+        if codes.dim() != 3 or codes.shape[1] != self.config.num_quantizers:
+            raise ValueError(f"codes must be (batch, {self.config.num_quantizers}, frames), got {tuple(codes.shape)}")
+        if state.position + codes.shape[-1] > self.config.max_position_embeddings:
+            raise ValueError(f"the codec decodes at most {self.config.max_position_embeddings} frames per stream")
+        h = self.quantizer.decode(codes.clamp(min=0)).transpose(1, 2)  # (B, C, T)
+        h = self.pre_conv(h, state).transpose(1, 2).contiguous()
+        h = self.pre_transformer(h, state).transpose(1, 2).contiguous()
+        for trans, convnext in self.upsample:
+            h = convnext(trans(h, state), state)
+        for layer in self.decoder:
+            h = layer(h, state)
+        state.position += codes.shape[-1]
+        return h[:, 0].clamp(-1.0, 1.0)

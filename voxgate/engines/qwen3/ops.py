@@ -1,0 +1,129 @@
+"""Primitives whose result for one output element does not depend on how many elements
+are computed together, so a stream decoded packet by packet equals the one-shot decode
+bit for bit on the CPU.
+
+Three rules make that hold with PyTorch's CPU kernels:
+- matrix products never run with fewer than 8 rows (the BLAS takes another, differently
+  rounded path for tiny M), so rows are zero-padded up to 8;
+- convolutions are unfolded into those matrix products instead of calling conv kernels,
+  whose algorithm changes with the input length;
+- attention looks at a fixed window of keys per query, so every softmax row has the same
+  length and layout whatever the chunking.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+MIN_ROWS = 8
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ weight.T + bias` over the last dim, padding the row count to MIN_ROWS on CPU."""
+    rows = x.reshape(-1, x.shape[-1])
+    n = rows.shape[0]
+    if x.device.type == "cpu" and n < MIN_ROWS:
+        rows = torch.cat([rows, rows.new_zeros(MIN_ROWS - n, rows.shape[1])])
+    out = F.linear(rows, weight, bias)[:n]
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def causal_conv(
+    x: torch.Tensor, history: torch.Tensor, weight2d: torch.Tensor, bias: torch.Tensor | None, k: int, dilation: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal stride-1 conv over time as one matrix product.
+
+    x: (B, Cin, T); history: (B, Cin, (k-1)*dilation), the inputs just before x (zeros at the
+    start); weight2d: (Cout, Cin*k), the conv weight flattened. Returns (y: (B, Cout, T),
+    the new history).
+    """
+    span = (k - 1) * dilation
+    b, c_in, t = x.shape
+    if k == 1:
+        return linear(x.transpose(1, 2), weight2d, bias).transpose(1, 2), history
+    full = torch.cat([history, x], dim=-1)
+    windows = full.unfold(-1, span + 1, 1)[..., ::dilation]  # (B, Cin, T, k)
+    cols = windows.permute(0, 2, 1, 3).reshape(b, t, c_in * k)
+    return linear(cols, weight2d, bias).transpose(1, 2), full[..., full.shape[-1] - span :]
+
+
+def depthwise_causal_conv(
+    x: torch.Tensor, history: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv (groups = channels) as a fixed-order sum over taps.
+
+    taps: (C, k). history: (B, C, k-1)."""
+    k = taps.shape[-1]
+    full = torch.cat([history, x], dim=-1)
+    t = x.shape[-1]
+    y = full[..., 0:t] * taps[:, 0, None]
+    for j in range(1, k):
+        y = y + full[..., j : j + t] * taps[:, j, None]
+    return y + bias[:, None], full[..., full.shape[-1] - (k - 1) :]
+
+
+def transposed_conv(
+    x: torch.Tensor, tail: torch.Tensor, weight2d: torch.Tensor, bias: torch.Tensor, stride: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal transposed conv, kernel = stride or 2*stride, right overhang trimmed.
+
+    x: (B, Cin, T); weight2d: (Cout*k, Cin) from the (Cin, Cout, k) weight; tail: (B, Cout,
+    k - stride), what the previous frame adds onto this one (zeros at the start).
+    Returns (y: (B, Cout, T*stride), the new tail).
+    """
+    b, _, t = x.shape
+    c_out = bias.shape[0]
+    k = weight2d.shape[0] // c_out
+    y = linear(x.transpose(1, 2), weight2d).reshape(b, t, c_out, k)
+    head = y[..., :stride]
+    if k > stride:
+        over = y[..., stride:]  # lands on the next frame's first `stride` samples
+        head = head + torch.cat([tail.unsqueeze(1), over[:, :-1]], dim=1)
+        tail = over[:, -1]
+    return (head + bias[:, None]).permute(0, 2, 1, 3).reshape(b, c_out, t * stride), tail
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def snake_beta(x: torch.Tensor, alpha_exp: torch.Tensor, inv_beta: torch.Tensor) -> torch.Tensor:
+    """x + 1/beta * sin(alpha x)^2 with exp() of the log-parameters precomputed; (B, C, T)."""
+    return x + inv_beta[:, None] * torch.sin(x * alpha_exp[:, None]).pow(2)
+
+
+def rope_tables(head_dim: int, theta: float, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin for every position, (max_positions, head_dim), float32 (half-split layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, H, T, D); cos/sin: (T, D)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def window_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, window: int, scale: float
+) -> torch.Tensor:
+    """Causal sliding-window attention where every query sees exactly `window` key slots.
+
+    q: (B, H, T, D) for the T newest positions; k, v: (B, H, window - 1 + T, D) holding the
+    window-1 positions before them and the T new ones; valid: (window - 1 + T,) bool, False
+    for slots before the start of the sequence. Returns (B, H, T, D).
+    """
+    kw = k.unfold(2, window, 1).transpose(-1, -2)  # (B, H, T, window, D)
+    vw = v.unfold(2, window, 1).transpose(-1, -2)
+    mask = valid.unfold(0, window, 1)  # (T, window)
+    scores = (q.unsqueeze(-2) * kw).sum(-1) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return (probs.unsqueeze(-1) * vw).sum(-2)
