@@ -13,6 +13,15 @@ from voxgate.bench.server import ServerProcess
 LIMITS_KEYS = ("key-one", "key-two", "key-three")
 
 
+@pytest.fixture(autouse=True)
+def _no_voxgate_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A developer's exported VOXGATE_* settings must not change what the tests see."""
+    import os
+
+    for name in [k for k in os.environ if k.startswith("VOXGATE_")]:
+        monkeypatch.delenv(name)
+
+
 @pytest.fixture(scope="session")
 def tone_server() -> Iterator[ServerProcess]:
     """Instant tone engine; generous per-client limit for the concurrency test."""
@@ -42,3 +51,29 @@ def metric(server: ServerProcess, name: str, headers: dict[str, str] | None = No
     if "{" in name:
         pattern = re.compile(rf"^{re.escape(name)} ([0-9.e+-]+)$", re.M)
     return sum(float(v) for v in pattern.findall(text))
+
+
+def timing_row(server: ServerProcess, request_id: str, timeout: float = 5.0) -> dict:
+    """The server-side timing of one stream (recorded just after it ends, so poll)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = httpx.get(f"{server.url}/debug/timings", headers=server.auth_headers()).json()["timings"]
+        match = [r for r in rows if r["request_id"] == request_id]
+        if match:
+            return match[0]
+        time.sleep(0.02)
+    raise AssertionError(f"no timing recorded for {request_id}")
+
+
+def wait_for(predicate, timeout: float = 5.0) -> bool:
+    """Poll `predicate` until true or `timeout` (for state the server updates just after a response)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False

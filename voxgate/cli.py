@@ -10,18 +10,24 @@ from pathlib import Path
 from typing import Any
 
 from voxgate import __version__
+from voxgate.config import Settings
 
 
-def _settings(args: argparse.Namespace, **extra: Any) -> Any:
-    """Settings from the environment, with command-line flags taking precedence."""
-    from voxgate.config import Settings
+def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
+    """Settings from the environment, with command-line flags taking precedence; an
+    unknown engine name is refused here, before anything starts."""
+    from voxgate.engines.registry import engine_names
+    from voxgate.types import UnknownEngine
 
     overrides = {k: v for k, v in extra.items() if v is not None}
     for name in ("host", "port", "engine", "log_level"):
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value
-    return Settings(**overrides)
+    settings = Settings(**overrides)
+    if settings.engine not in engine_names():
+        raise UnknownEngine(f"no engine named {settings.engine!r}; available: {', '.join(engine_names())}")
+    return settings
 
 
 def _logging(level: str) -> None:
@@ -35,7 +41,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = _settings(args, warmup=False if args.no_warmup else None)
     _logging(settings.log_level)
-    app = create_app(settings)
+    fatal: list[str] = []
+
+    def on_fatal(reason: str) -> None:
+        fatal.append(reason)
+        server.should_exit = True
+
+    app = create_app(settings, on_fatal=on_fatal)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:
@@ -49,9 +61,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 )
 
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=args.access_log
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=args.access_log,
+        timeout_graceful_shutdown=10,
     )
-    Server(config).run()
+    server = Server(config)
+    server.run()
+    if fatal:
+        print(f"voxgate: error: start-up failed: {fatal[0]}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -59,15 +80,19 @@ def cmd_say(args: argparse.Namespace) -> int:
     import numpy as np
 
     from voxgate.audio import check_output, resample, wav_bytes
+    from voxgate.engines.base import check_request
     from voxgate.engines.registry import create_engine
+    from voxgate.text import check_text
     from voxgate.types import CancelToken, SynthesisRequest
 
     settings = _settings(args)
     _logging(settings.log_level if args.verbose else "warning")
+    check_text(args.text, settings.max_text_chars)
     engine = create_engine(settings.engine, settings)
     voice = args.voice or settings.default_voice or engine.voices()[0].id
     rate = check_output("wav", args.sample_rate, engine.sample_rate)
     request = SynthesisRequest(text=args.text, voice=voice, speed=args.speed)
+    check_request(engine, request)
     t0 = time.perf_counter()
     parts, first = [], None
     for chunk in engine.stream(request, CancelToken()):

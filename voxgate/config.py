@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -38,7 +38,7 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535, description="Port to bind; 0 picks a free port.")
     engine: str = Field("piper", description="Engine name: piper, tone.")
     default_voice: str | None = Field(None, description="Voice used when a request names none (engine default).")
-    log_level: str = Field("info", description="Logging level: debug, info, warning, error.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Logging level.")
     warmup: bool = Field(True, description="Synthesise once at start-up before /healthz reports ready.")
 
     # safety and limits
@@ -51,6 +51,7 @@ class Settings(BaseSettings):
     max_streams_per_client: int = Field(8, ge=1, description="Concurrent streams per client (API key, else IP).")
 
     # streaming
+    send_timeout_s: float = Field(30.0, gt=0, description="Drop a client that has not read for this long.")
     chunk_ms: int = Field(40, ge=5, le=1000, description="Largest audio piece written to the wire, in ms.")
     starter_cache: bool = Field(True, description="Pre-synthesise common openers and stream them from memory.")
     starter_phrases: Annotated[list[str], NoDecode] = Field(
@@ -77,7 +78,7 @@ class Settings(BaseSettings):
 
 
 def describe_settings() -> list[tuple[str, str, str]]:
-    """(env var, default, description) rows for docs and `voxgate serve --help-settings`."""
+    """(env var, default, description) rows, for the README's settings table."""
     rows = []
     for name, field in Settings.model_fields.items():
         default = field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]

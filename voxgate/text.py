@@ -8,7 +8,10 @@ units lets a client detect lost or duplicated text exactly.
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
+
+from voxgate.types import EmptyText, InvalidRequest, TextTooLong
 
 # CJK ideographs, kana, hangul and fullwidth punctuation count one unit per character.
 _CJK = (
@@ -58,3 +61,14 @@ def normalize_language(language: str | None) -> str | None:
     if key in _LANGUAGE_NAMES:
         return _LANGUAGE_NAMES[key]
     return re.split(r"[-_]", key, maxsplit=1)[0]
+
+
+def check_text(text: str, max_chars: int) -> None:
+    """Reject text no engine should receive: empty, too long, or with control characters."""
+    if not text.strip():
+        raise EmptyText("text is empty")
+    if len(text) > max_chars:
+        raise TextTooLong(f"text has {len(text)} characters; the limit is {max_chars}")
+    for i, ch in enumerate(text):
+        if ch not in "\t\n\r" and unicodedata.category(ch) in ("Cc", "Cs"):
+            raise InvalidRequest(f"text contains the control character U+{ord(ch):04X} at offset {i}")

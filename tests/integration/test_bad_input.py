@@ -25,6 +25,8 @@ CASES = [
     ("/tts/stream", {"text": ""}, 400, "empty_text"),
     ("/tts/stream", {"text": " \n\t "}, 400, "empty_text"),
     ("/tts/stream", {"text": "x" * 501}, 413, "text_too_long"),
+    ("/tts/stream", {"text": "a\u0000b"}, 400, "invalid_request"),
+    ("/tts/stream", {"text": "Okay, then\u0007"}, 400, "invalid_request"),
     ("/tts/stream", {"text": "hi", "voice": "nobody"}, 400, "unknown_voice"),
     ("/tts/stream", {"text": "hi", "format": "mp3"}, 400, "unsupported_format"),
     ("/tts/stream", {"text": "hi", "sample_rate": 12345}, 400, "unsupported_sample_rate"),
@@ -50,6 +52,18 @@ def test_bad_request_gets_typed_error(tone_server, path, body, status, code):
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert error["code"] == code and error["message"]
+
+
+def test_error_responses_carry_the_request_id(tone_server):
+    r = httpx.post(f"{tone_server.url}/tts/stream", json={"text": ""}, headers={"x-request-id": "bad-1"})
+    assert r.status_code == 400 and r.headers["x-request-id"] == "bad-1"
+    r = httpx.get(f"{tone_server.url}/nope")
+    assert len(r.headers["x-request-id"]) == 32
+
+
+def test_debug_timings_rejects_a_negative_count(tone_server):
+    r = httpx.get(f"{tone_server.url}/debug/timings", params={"last": -1})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
 
 
 def test_oversized_body_is_refused_by_content_length(tone_server):

@@ -8,22 +8,13 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
-from tests.conftest import LIMITS_KEYS, metric
+from tests.conftest import LIMITS_KEYS, metric, timing_row, wait_for
 
 LONG_TEXT = " ".join(f"word{i}" for i in range(200))  # 200 chunks at 40 ms each: 8 s of generation
 
 
 def auth(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
-
-
-def wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_disconnect_mid_stream_cancels_the_engine_within_one_chunk(slow_server):
@@ -38,8 +29,7 @@ def test_disconnect_mid_stream_cancels_the_engine_within_one_chunk(slow_server):
                 break
     assert wait_for(lambda: metric(slow_server, "voxgate_active_streams") == 0)
     assert metric(slow_server, 'voxgate_streams_cancelled_total{reason="client_disconnect"}') == cancelled_before + 1
-    rows = httpx.get(f"{slow_server.url}/debug/timings", headers=headers).json()["timings"]
-    row = next(r for r in rows if r["request_id"] == "drop-me")
+    row = timing_row(slow_server, "drop-me")
     assert row["status"] == "client_disconnect"
     # the engine stopped: it made at most the chunks sent plus the one in flight plus one prefetched
     assert row["chunks_generated"] <= 3 + 3

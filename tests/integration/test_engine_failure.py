@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from tests.conftest import metric
+from tests.conftest import metric, wait_for
 
 
 def test_failure_before_first_audio_is_a_json_error(tone_server):
@@ -17,6 +17,7 @@ def test_failure_before_first_audio_is_a_json_error(tone_server):
 
 def test_failure_mid_stream_drops_the_connection_without_a_clean_end(tone_server):
     before = metric(tone_server, 'voxgate_errors_total{code="engine_error"}')
+    internal_before = metric(tone_server, 'voxgate_errors_total{code="internal_error"}')
     received = b""
     with pytest.raises(httpx.RemoteProtocolError):
         with httpx.stream("POST", f"{tone_server.url}/tts/stream", json={"text": "one two [[fail]] four"}) as r:
@@ -24,7 +25,8 @@ def test_failure_mid_stream_drops_the_connection_without_a_clean_end(tone_server
             for part in r.iter_raw():
                 received += part
     assert len(received) == 2 * 2880 * 2  # the two units before the fault, nothing after
-    assert metric(tone_server, 'voxgate_errors_total{code="engine_error"}') == before + 1
+    assert wait_for(lambda: metric(tone_server, 'voxgate_errors_total{code="engine_error"}') == before + 1)
+    assert metric(tone_server, 'voxgate_errors_total{code="internal_error"}') == internal_before
     assert httpx.post(f"{tone_server.url}/tts/stream", json={"text": "server still fine"}).status_code == 200
 
 

@@ -15,6 +15,8 @@ from voxgate.engines.base import collect
 from voxgate.engines.tone import ToneEngine
 from voxgate.types import SynthesisRequest
 
+from tests.conftest import metric, timing_row, wait_for
+
 
 def tone_pcm(text: str, voice: str = "tone") -> bytes:
     return pcm16_bytes(collect(ToneEngine(), SynthesisRequest(text=text, voice=voice)).samples)
@@ -76,11 +78,13 @@ def test_openai_voice_names_map_to_the_default_voice(tone_server):
 
 
 def test_starter_cache_hit_streams_the_cached_opener_then_the_rest(tone_server):
+    hits = metric(tone_server, "voxgate_starter_cache_hits_total")
     r = post(tone_server, {"text": "Sure. Let us begin"})
     assert r.headers["x-cache-starter"] == "true"
     assert r.content == tone_pcm("Sure.") + tone_pcm("Let us begin")
     miss = post(tone_server, {"text": "Surely not"})
     assert miss.headers["x-cache-starter"] == "false"
+    assert wait_for(lambda: metric(tone_server, "voxgate_starter_cache_hits_total") == hits + 1)
 
 
 def test_starter_only_text_needs_no_engine_call(tone_server):
@@ -102,16 +106,18 @@ def test_voices_health_and_metrics(tone_server):
     assert voices["default"] == "tone" and {v["id"] for v in voices["voices"]} == {"tone", "tone-high"}
     health = httpx.get(f"{tone_server.url}/healthz").json()
     assert health["status"] == "ok" and health["engine"] == "tone"
+    ttfa = 'voxgate_ttfa_seconds_count{endpoint="/tts/stream",starter="false"}'
+    rtf = 'voxgate_rtf_count{endpoint="/tts/stream"}'
+    audio = "voxgate_audio_seconds_total"
+    before = [metric(tone_server, name) for name in (ttfa, rtf, audio)]
     post(tone_server, {"text": "count me"})
-    text = httpx.get(f"{tone_server.url}/metrics").text
-    for family in ("voxgate_ttfa_seconds_bucket", "voxgate_rtf_bucket", "voxgate_active_streams",
-                   "voxgate_requests_total", "voxgate_ready 1.0"):  # fmt: skip
-        assert family in text
+    assert wait_for(lambda: [metric(tone_server, n) for n in (ttfa, rtf, audio)] == [before[0] + 1, before[1] + 1,
+                                                                                    pytest.approx(before[2] + 0.24)])
+    assert metric(tone_server, "voxgate_ready") == 1 and metric(tone_server, "voxgate_active_streams") == 0
 
 
 def test_server_side_timings_are_recorded(tone_server):
     post(tone_server, {"text": "timed request"}, headers={"x-request-id": "timed-1"})
-    rows = httpx.get(f"{tone_server.url}/debug/timings").json()["timings"]
-    row = next(r for r in rows if r["request_id"] == "timed-1")
+    row = timing_row(tone_server, "timed-1")
     assert row["status"] == "completed" and row["audio_s"] == pytest.approx(0.24)
     assert 0 < row["ttfa_ms"] <= row["total_ms"]

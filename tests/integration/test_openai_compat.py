@@ -52,6 +52,15 @@ def test_sse_stream_format(tone_server):
     assert b"".join(base64.b64decode(e["audio"]) for e in events[:-1]) == expected_pcm("server sent events")
 
 
+def test_sse_through_the_openai_client(client):
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="alloy", input="sse via sdk", response_format="pcm", stream_format="sse"
+    ) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+    assert audio == expected_pcm("sse via sdk") and events[-1]["type"] == "speech.audio.done"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "code"),
     [

@@ -52,6 +52,17 @@ def time_request(client: httpx.Client, url: str, text: str, request_id: str) -> 
     return {"ttfa_ms": 1000 * ((first or done) - t0), "total_ms": 1000 * (done - t0), "audio_s": audio_s}
 
 
+def _server_timings(client: httpx.Client, url: str, ids: list[str]) -> list[dict[str, Any]]:
+    """The server's rows for `ids`; a stream is recorded just after its response ends, so poll briefly."""
+    deadline = time.monotonic() + 5
+    while True:
+        rows = client.get(f"{url}/debug/timings", params={"last": 100_000}).json()["timings"]
+        by_id = {r["request_id"]: r for r in rows}
+        if all(rid in by_id for rid in ids) or time.monotonic() > deadline:
+            return [by_id[rid] for rid in ids if rid in by_id]
+        time.sleep(0.02)
+
+
 def _series(url: str, text: str, n: int, warmup: int, concurrency: int = 1) -> dict[str, Any]:
     ids = [f"bench-{uuid.uuid4().hex[:12]}" for _ in range(n)]
     with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=concurrency + 2)) as client:
@@ -62,8 +73,7 @@ def _series(url: str, text: str, n: int, warmup: int, concurrency: int = 1) -> d
         else:
             with ThreadPoolExecutor(concurrency) as pool:
                 client_rows = list(pool.map(lambda rid: time_request(client, url, text, rid), ids))
-        server = {t["request_id"]: t for t in client.get(f"{url}/debug/timings", params={"last": 10000}).json()["timings"]}
-    server_rows = [server[rid] for rid in ids if rid in server]
+        server_rows = _server_timings(client, url, ids)
     return {
         "text": text,
         "concurrency": concurrency,

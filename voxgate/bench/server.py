@@ -30,8 +30,15 @@ class ServerProcess:
     `env` entries are VOXGATE_* settings without the prefix, e.g. {"TONE_DELAY_MS": "20"}.
     """
 
-    def __init__(self, engine: str = "tone", env: dict[str, str] | None = None, ready_timeout: float = 120.0) -> None:
+    def __init__(
+        self,
+        engine: str = "tone",
+        env: dict[str, str] | None = None,
+        ready_timeout: float = 120.0,
+        wait_ready: bool = True,
+    ) -> None:
         self.engine = engine
+        self.wait_ready = wait_ready
         self.env = {f"VOXGATE_{k}": str(v) for k, v in (env or {}).items()}
         self.ready_timeout = ready_timeout
         self.url = ""
@@ -39,8 +46,8 @@ class ServerProcess:
         self._proc: subprocess.Popen[str] | None = None
 
     def __enter__(self) -> ServerProcess:
-        env = {**os.environ, **self.env, "VOXGATE_ENGINE": self.engine, "VOXGATE_PORT": "0"}
-        env.setdefault("VOXGATE_HOST", "127.0.0.1")
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}  # only what we set
+        env = {**inherited, **self.env, "VOXGATE_ENGINE": self.engine, "VOXGATE_PORT": "0", "VOXGATE_HOST": "127.0.0.1"}
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "voxgate", "serve"],
             env=env,
@@ -52,7 +59,10 @@ class ServerProcess:
         found = threading.Event()
         threading.Thread(target=self._pump, args=(found,), daemon=True).start()
         try:
-            self._wait_ready(found)
+            if self.wait_ready:
+                self._wait_ready(found)
+            else:
+                self._wait_url(found)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -67,12 +77,17 @@ class ServerProcess:
                 self.url = match.group(1)
                 found.set()
 
-    def _wait_ready(self, found: threading.Event) -> None:
+    def _wait_url(self, found: threading.Event) -> None:
         deadline = time.monotonic() + self.ready_timeout
         assert self._proc is not None
-        while not found.wait(0.05):
+        while not found.wait(0.01):
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 raise ServerError("server did not start:\n" + "\n".join(self.log))
+
+    def _wait_ready(self, found: threading.Event) -> None:
+        self._wait_url(found)
+        deadline = time.monotonic() + self.ready_timeout
+        assert self._proc is not None
         headers = self.auth_headers()
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -87,6 +102,10 @@ class ServerProcess:
                 pass
             time.sleep(0.05)
         raise ServerError("server not ready in time:\n" + "\n".join(self.log))
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
 
     def auth_headers(self) -> dict[str, str]:
         keys = self.env.get("VOXGATE_API_KEYS", "")

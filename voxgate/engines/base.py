@@ -13,7 +13,17 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from voxgate.types import AudioChunk, CancelToken, SynthesisRequest, VoiceInfo
+from voxgate.types import (
+    AudioChunk,
+    CancelToken,
+    InvalidRequest,
+    SynthesisRequest,
+    UnknownVoice,
+    UnsupportedLanguage,
+    VoiceInfo,
+)
+
+MIN_SPEED, MAX_SPEED = 0.25, 4.0
 
 
 @runtime_checkable
@@ -50,5 +60,15 @@ def collect(engine: Engine, request: SynthesisRequest, cancel: CancelToken | Non
     return AudioChunk(samples=samples, sample_rate=engine.sample_rate, t_ready=t_ready)
 
 
-def default_voice(engine: Engine) -> str:
-    return engine.voices()[0].id
+def check_request(engine: Engine, request: SynthesisRequest) -> VoiceInfo:
+    """Refuse what this engine cannot do (unknown voice, unspoken language, odd speed)."""
+    voices = {v.id: v for v in engine.voices()}
+    info = voices.get(request.voice)
+    if info is None:
+        raise UnknownVoice(f"unknown voice {request.voice!r}; available: {', '.join(voices)}")
+    lang = request.language
+    if lang is not None and "*" not in info.languages and lang not in info.languages:
+        raise UnsupportedLanguage(f"voice {info.id!r} speaks {', '.join(info.languages)}, not {lang!r}")
+    if not MIN_SPEED <= request.speed <= MAX_SPEED:
+        raise InvalidRequest(f"speed must be between {MIN_SPEED} and {MAX_SPEED}, got {request.speed}")
+    return info

@@ -73,6 +73,8 @@ class PiperEngine:
             if cancel.cancelled:
                 return
             with self._turns:
+                if cancel.cancelled:  # cancelled while queued for a turn
+                    return
                 audio = self._voice.phoneme_ids_to_audio(self._voice.phonemes_to_ids(phonemes), config)
             samples = _normalise(np.asarray(audio, dtype=np.float32))
             last = seq == len(sentences) - 1

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import re
 import time
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -26,17 +28,26 @@ from voxgate.types import RequestTooLarge, Unauthorized, VoxgateError
 
 log = logging.getLogger(__name__)
 _OPEN_PATHS = ("/healthz",)
+_SAFE_ID = re.compile(rb"[A-Za-z0-9._:-]+")
 _KNOWN_PATHS = ("/tts/stream", "/v1/audio/speech", "/v1/voices", "/healthz", "/metrics", "/debug/timings")
 
 
-def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
+def create_app(
+    settings: Settings, engine: Engine | None = None, on_fatal: Callable[[str], None] | None = None
+) -> FastAPI:
     """Build the app. The engine (created from settings unless given) loads and warms up
-    in the background; /healthz turns ready when that is done."""
+    in the background; /healthz turns ready when that is done. If start-up fails,
+    /healthz says why and `on_fatal(reason)` is called (the CLI then exits)."""
     state = ServerState(settings, engine=engine)
+
+    async def load() -> None:
+        await asyncio.get_running_loop().run_in_executor(None, state.start)
+        if state.startup_error and on_fatal is not None:
+            on_fatal(state.startup_error)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loader = asyncio.get_running_loop().run_in_executor(None, state.start)
+        loader = asyncio.get_running_loop().create_task(load())
         try:
             yield
         finally:
@@ -99,12 +110,17 @@ class RequestGate:
         path = scope["path"]
         endpoint = path if path in _KNOWN_PATHS else "other"
 
+        headers = dict(scope["headers"])
+        request_id = _request_id(headers.get(b"x-request-id", b""))
+
         async def counted_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 self.metrics.requests.labels(endpoint, str(message["status"])).inc()
+                raw = list(message.get("headers", []))
+                if not any(name == b"x-request-id" for name, _ in raw):
+                    message = {**message, "headers": [*raw, (b"x-request-id", request_id.encode())]}
             await send(message)
 
-        headers = dict(scope["headers"])
         try:
             key = self._authorise(path, headers.get(b"authorization", b""))
             body = await self._read_body(receive, headers.get(b"content-length"))
@@ -112,7 +128,7 @@ class RequestGate:
             await error_response(exc, self.metrics)(scope, receive, counted_send)
             return
         client = key or (scope.get("client") or ("unknown",))[0]
-        scope.setdefault("state", {}).update(t_req_in=t_req_in, client_id=str(client))
+        scope.setdefault("state", {}).update(t_req_in=t_req_in, client_id=str(client), request_id=request_id)
         await self.app(scope, _replay(body, receive), counted_send)
 
     def _authorise(self, path: str, header: bytes) -> str | None:
@@ -143,6 +159,13 @@ class RequestGate:
             if not message.get("more_body", False):
                 break
         return b"".join(chunks)
+
+
+def _request_id(given: bytes) -> str:
+    """The client's x-request-id when it is sane (<= 128 safe characters), else a new one."""
+    if 0 < len(given) <= 128 and _SAFE_ID.fullmatch(given):
+        return given.decode()
+    return uuid.uuid4().hex
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

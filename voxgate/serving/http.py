@@ -2,28 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
-import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
+from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from voxgate.audio import StreamEncoder, split_bytes
 from voxgate.serving.protocol import SpeechBody, TTSStreamBody, error_of, parse_body
 from voxgate.serving.starter import StarterHit
 from voxgate.serving.state import ServerState, StreamPlan
-from voxgate.serving.stream import AudioStreamResponse, EngineStream, StreamOutcome
+from voxgate.serving.stream import AudioStreamResponse, DisconnectWatch, EngineStream, StreamOutcome
 from voxgate.text import count_units
 from voxgate.types import AudioChunk, InvalidRequest, Timing, UnknownModel, UnsupportedFormat, VoxgateError
 
 router = APIRouter()
 OPENAI_RATE = 24000  # OpenAI's pcm is 24 kHz, 16-bit, mono
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "voxgate")
-_REQUEST_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
 
 
 def state_of(request: Request) -> ServerState:
@@ -31,11 +31,7 @@ def state_of(request: Request) -> ServerState:
 
 
 def request_id_of(request: Request) -> str:
-    """The client's x-request-id when it is sane (<= 128 safe characters), else a new one."""
-    given = request.headers.get("x-request-id", "")
-    if 0 < len(given) <= 128 and set(given) <= _REQUEST_ID_CHARS:
-        return given
-    return uuid.uuid4().hex
+    return request.scope["state"]["request_id"]  # type: ignore[no-any-return]
 
 
 def _json_body(model: type) -> dict[str, Any]:
@@ -57,7 +53,7 @@ async def tts_stream(request: Request) -> Response:
         speed=body.speed,
         request_id=request_id_of(request),
     )
-    return await open_stream(state, request, plan, endpoint="tts_stream", sse=False)
+    return await open_stream(state, request, plan, endpoint="/tts/stream", sse=False)
 
 
 @router.post("/v1/audio/speech", openapi_extra=_json_body(SpeechBody))
@@ -81,7 +77,7 @@ async def audio_speech(request: Request) -> Response:
         instructions=body.instructions,
         request_id=request_id_of(request),
     )
-    return await open_stream(state, request, plan, endpoint="audio_speech", sse=body.stream_format == "sse")
+    return await open_stream(state, request, plan, endpoint="/v1/audio/speech", sse=body.stream_format == "sse")
 
 
 @router.get("/v1/voices")
@@ -114,10 +110,10 @@ async def metrics(request: Request) -> Response:
 
 
 @router.get("/debug/timings")
-async def timings(request: Request, last: int = 100) -> JSONResponse:
+async def timings(request: Request, last: int = Query(100, ge=0, le=100_000)) -> JSONResponse:
     """Server-side timings of the most recent streams (what `voxgate bench http` reads)."""
     kept = list(state_of(request).timings)
-    return JSONResponse({"timings": kept[-max(0, last) :] if last else []})
+    return JSONResponse({"timings": kept[len(kept) - last :] if last else []})
 
 
 # ---------------------------------------------------------------------- streaming
@@ -127,41 +123,64 @@ async def open_stream(state: ServerState, request: Request, plan: StreamPlan, en
     """Admit the stream, start the engine, and wrap it in a streaming response.
 
     The first engine chunk is awaited before the status line is sent, so a failure at the
-    start is a typed JSON error; once audio has started, a failure drops the connection.
+    start is a typed JSON error (on a starter-cache hit the cached audio goes first, so a
+    later engine failure is a mid-stream one). The stream's slot is released, and its
+    timing recorded, once both the response and the engine iterator have finished.
     """
     engine = state.require_engine()
-    client = request.scope["state"]["client_id"]
-    timing = Timing(t_req_in=request.scope["state"]["t_req_in"])
+    scope = request.scope["state"]
+    client, req = scope["client_id"], plan.request
     state.limiter.acquire(client)
     state.metrics.active_streams.set(state.limiter.active)
-    req = plan.request
+    outcome = StreamOutcome(Timing(t_req_in=scope["t_req_in"]))
     hit = state.starters.match(req.voice, req.text) if state.settings.starter_cache and req.speed == 1.0 else None
+    needs_engine = hit is None or bool(hit.remainder)
     stream: EngineStream | None = None
-    try:
-        if hit is None or hit.remainder:
-            state.metrics.engine_streams.inc()
-            engine_req = replace(req, text=hit.remainder) if hit else req
-            # on a starter hit the engine starts once the cached opener is on the wire
-            stream = EngineStream(engine, engine_req, state.executor, state.metrics.engine_streams.dec, start=hit is None)
-        first = await stream.next() if stream is not None and hit is None else None
-    except BaseException:
-        if stream is not None:
-            stream.cancel("failed")
-        state.limiter.release(client)
-        state.metrics.active_streams.set(state.limiter.active)
-        raise
 
-    def on_finish(outcome: StreamOutcome) -> None:
-        if stream is not None:
-            stream.cancel(outcome.status)
-            outcome.timing.chunks_generated = stream.generated
+    def finish() -> None:
         state.limiter.release(client)
+        if stream is not None:
+            state.metrics.engine_streams.dec()
+            outcome.timing.chunks_generated = stream.generated
+        if hit is not None:
+            state.metrics.starter_hits.inc()
         state.record(endpoint, req.request_id, outcome.timing, outcome.status, hit is not None)
+
+    countdown = _Countdown(2 if needs_engine else 1, finish)
+    if needs_engine:
+        loop = asyncio.get_running_loop()
+        state.metrics.engine_streams.inc()
+        stream = EngineStream(
+            engine,
+            replace(req, text=hit.remainder) if hit else req,
+            state.executor,
+            on_closed=lambda: loop.call_soon_threadsafe(countdown.tick),
+            start=hit is None,  # on a hit the engine starts once the cached opener is on the wire
+        )
+    watch = DisconnectWatch(request.receive)
+    if stream is not None:
+        watch.on_gone(lambda: stream.cancel("client_disconnect"))
+
+    def on_finish(done: StreamOutcome) -> None:
+        if stream is not None:
+            stream.cancel(done.status)
+        countdown.tick()
+
+    try:
+        first = await stream.next() if stream is not None and hit is None else None
+    except VoxgateError as exc:
+        outcome.status, outcome.timing.error_code = "failed", exc.code
+        outcome.timing.t_done = time.perf_counter()
+        watch.stop()
+        on_finish(outcome)
+        raise
+    if watch.gone.is_set():
+        outcome.status = "client_disconnect"
 
     encoder = StreamEncoder(plan.fmt, engine.sample_rate, plan.sample_rate)
     chunk_ms = state.settings.chunk_ms
-    piece = encoder.bytes_per_sample * plan.sample_rate * chunk_ms // 1000
-    pieces = _audio_pieces(encoder, piece, timing, hit, first, stream)
+    piece = encoder.bytes_per_sample * (plan.sample_rate * chunk_ms // 1000)
+    body = _audio_pieces(encoder, piece, outcome.timing, hit, first, stream)
     headers = {
         "x-sample-rate": str(plan.sample_rate),
         "x-chunk-ms": str(chunk_ms),
@@ -170,10 +189,25 @@ async def open_stream(state: ServerState, request: Request, plan: StreamPlan, en
         "x-audio-format": plan.fmt,
         "cache-control": "no-store",
     }
+    media_type = encoder.media_type
     if sse:
-        events = _sse_events(pieces, req.text, timing)
-        return AudioStreamResponse(events, timing, on_finish, headers, "text/event-stream")
-    return AudioStreamResponse(pieces, timing, on_finish, headers, encoder.media_type)
+        body, media_type = _sse_events(body, req.text, outcome.timing), "text/event-stream"
+    timeout = state.settings.send_timeout_s
+    return AudioStreamResponse(body, outcome, watch, on_finish, headers, media_type, timeout)
+
+
+class _Countdown:
+    """Runs `action` once `tick()` has been called `n` times."""
+
+    __slots__ = ("left", "action")
+
+    def __init__(self, n: int, action: Callable[[], None]) -> None:
+        self.left, self.action = n, action
+
+    def tick(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.action()
 
 
 async def _audio_pieces(

@@ -11,20 +11,18 @@ from typing import Any
 
 from voxgate.audio import AudioFormat, check_output
 from voxgate.config import Settings
-from voxgate.engines.base import Engine, collect
+from voxgate.engines.base import Engine, check_request, collect
 from voxgate.engines.registry import create_engine
 from voxgate.serving.metrics import Metrics
 from voxgate.serving.starter import StarterCache
-from voxgate.serving.stream import StreamLimiter
+from voxgate.serving.limits import StreamLimiter
 from voxgate.text import normalize_language
+from voxgate.text import check_text
 from voxgate.types import (
-    EmptyText,
     NotReady,
     SynthesisRequest,
-    TextTooLong,
     Timing,
     UnknownVoice,
-    UnsupportedLanguage,
     VoiceInfo,
 )
 
@@ -116,15 +114,6 @@ class ServerState:
         assert self.engine is not None  # internal invariant: called only once the engine exists
         return self.settings.default_voice or self.engine.voices()[0].id
 
-    def resolve_voice(self, voice: str | None) -> VoiceInfo:
-        engine = self.require_engine()
-        voices = {v.id: v for v in engine.voices()}
-        if voice is None or voice in self.settings.voice_aliases:
-            voice = self.default_voice()
-        if voice not in voices:
-            raise UnknownVoice(f"unknown voice {voice!r}; available: {', '.join(voices)}")
-        return voices[voice]
-
     def plan(
         self,
         *,
@@ -137,19 +126,21 @@ class ServerState:
         instructions: str | None = None,
         request_id: str = "",
     ) -> StreamPlan:
+        """Validate a request against the limits and the engine; raises typed errors."""
         engine = self.require_engine()
-        if not text.strip():
-            raise EmptyText("text is empty")
-        if len(text) > self.settings.max_text_chars:
-            raise TextTooLong(f"text has {len(text)} characters; the limit is {self.settings.max_text_chars}")
-        info = self.resolve_voice(voice)
-        lang = normalize_language(language)
-        if lang is not None and "*" not in info.languages and lang not in info.languages:
-            raise UnsupportedLanguage(f"voice {info.id!r} speaks {', '.join(info.languages)}, not {language!r}")
-        rate = check_output(fmt, sample_rate, engine.sample_rate)
+        check_text(text, self.settings.max_text_chars)
+        if voice is None or voice in self.settings.voice_aliases:
+            voice = self.default_voice()
         request = SynthesisRequest(
-            text=text, voice=info.id, language=lang, speed=speed, instructions=instructions, request_id=request_id
+            text=text,
+            voice=voice,
+            language=normalize_language(language),
+            speed=speed,
+            instructions=instructions,
+            request_id=request_id,
         )
+        check_request(engine, request)
+        rate = check_output(fmt, sample_rate, engine.sample_rate)
         return StreamPlan(request, fmt, rate)  # type: ignore[arg-type]
 
     def record(self, endpoint: str, request_id: str, timing: Timing, status: str, starter: bool) -> None:
@@ -160,10 +151,10 @@ class ServerState:
             m.ttfa.labels(endpoint, str(starter).lower()).observe(ttfa)
         if total is not None:
             m.duration.labels(endpoint).observe(total)
-        if status == "completed" and rtf is not None:
-            m.rtf.labels(endpoint).observe(rtf)
-        else:
+        if status != "completed":
             m.cancelled.labels(status).inc()
+        elif rtf is not None:
+            m.rtf.labels(endpoint).observe(rtf)
         if timing.error_code is not None:
             m.errors.labels(timing.error_code).inc()
         m.audio_seconds.inc(timing.audio_s)
@@ -171,6 +162,7 @@ class ServerState:
         m.active_streams.set(self.limiter.active)
         entry = {
             "request_id": request_id,
+            "t_req_in": round(time.time() - (time.perf_counter() - timing.t_req_in), 3),
             "endpoint": endpoint,
             "status": status,
             "starter": starter,

@@ -1,9 +1,10 @@
 """Driving a synchronous engine stream from asyncio, and streaming it to an HTTP client.
 
-`EngineStream` keeps exactly one chunk in flight on a worker thread (pipelining generation
-with sending, and bounding wasted work on cancel to that one chunk). `AudioStreamResponse`
-writes pieces, stamps server-side timing, and cancels the engine the moment the client
-disconnects rather than at its next write.
+`EngineStream` keeps at most one chunk in flight on a worker thread: generation of chunk
+n+1 overlaps the sending of chunk n, and a cancel wastes at most the chunk in flight.
+`DisconnectWatch` notices a client leaving from the moment its request is admitted.
+`AudioStreamResponse` writes the pieces, stamps server-side timing, gives up on a client
+that stops reading, and ends a broken stream without the closing chunk.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from voxgate.engines.base import Engine
-from voxgate.types import AudioChunk, Busy, CancelToken, EngineFailure, SynthesisRequest, Timing, TooManyStreams
+from voxgate.types import AudioChunk, CancelToken, EngineFailure, SynthesisRequest, Timing
 
 log = logging.getLogger(__name__)
 
@@ -103,40 +104,33 @@ class EngineStream:
                 self._on_closed()
 
 
-@dataclass
-class StreamLimiter:
-    """Counts open streams, globally and per client; used from the event loop only."""
+class DisconnectWatch:
+    """Sets `gone` (and runs the callbacks) when the client disconnects."""
 
-    max_streams: int
-    max_per_client: int
-    _by_client: dict[str, int] = field(default_factory=dict)
-    _total: int = 0
+    def __init__(self, receive: Receive) -> None:
+        self.gone = asyncio.Event()
+        self._callbacks: list[Callable[[], None]] = []
+        self._task = asyncio.get_running_loop().create_task(self._watch(receive))
 
-    def acquire(self, client: str) -> None:
-        if self._total >= self.max_streams:
-            raise Busy(f"the server is at its limit of {self.max_streams} concurrent streams; retry shortly")
-        if self._by_client.get(client, 0) >= self.max_per_client:
-            raise TooManyStreams(f"at most {self.max_per_client} concurrent streams per client")
-        self._total += 1
-        self._by_client[client] = self._by_client.get(client, 0) + 1
+    async def _watch(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.gone.set()
+        for callback in self._callbacks:
+            callback()
 
-    def release(self, client: str) -> None:
-        self._total -= 1
-        left = self._by_client.get(client, 1) - 1
-        if left:
-            self._by_client[client] = left
-        else:
-            self._by_client.pop(client, None)
+    def on_gone(self, callback: Callable[[], None]) -> None:
+        self._callbacks.append(callback)
 
-    @property
-    def active(self) -> int:
-        return self._total
+    def stop(self) -> None:
+        """Stop watching (the response is over; uvicorn reports a disconnect after it too)."""
+        self._task.cancel()
 
 
-@dataclass
+@dataclass(slots=True)
 class StreamOutcome:
     timing: Timing
-    status: str = "completed"  # completed | client_disconnect | failed
+    status: str = "completed"  # completed | client_disconnect | send_timeout | failed
 
 
 class AudioStreamResponse(Response):
@@ -145,57 +139,67 @@ class AudioStreamResponse(Response):
     def __init__(
         self,
         body: AsyncIterator[bytes],
-        timing: Timing,
+        outcome: StreamOutcome,
+        watch: DisconnectWatch,
         on_finish: Callable[[StreamOutcome], None],
         headers: dict[str, str],
         media_type: str,
+        send_timeout_s: float,
     ) -> None:
         self.body_iterator = body
-        self.timing = timing
+        self.outcome = outcome
+        self.watch = watch
         self.on_finish = on_finish
+        self.send_timeout_s = send_timeout_s
         self.status_code = 200
         self.media_type = media_type
         self.background = None
         self.init_headers(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        outcome = StreamOutcome(self.timing)
-        self._all_sent = False
+        outcome, timing = self.outcome, self.outcome.timing
+        self._complete = False
         try:
             async with anyio.create_task_group() as group:
 
-                async def watch_disconnect() -> None:
-                    while (await receive())["type"] != "http.disconnect":
-                        pass
-                    if not self._all_sent:  # uvicorn also reports a disconnect after a complete response
+                async def stop_when_gone() -> None:
+                    await self.watch.gone.wait()
+                    if not self._complete:
                         outcome.status = "client_disconnect"
                         group.cancel_scope.cancel()
 
-                group.start_soon(watch_disconnect)
+                group.start_soon(stop_when_gone)
                 await self._send_all(send)
                 group.cancel_scope.cancel()
         except Exception as exc:
             while isinstance(exc, ExceptionGroup):  # the task group wraps what the body raised
                 exc = exc.exceptions[0]
-            if isinstance(exc, OSError):  # the transport reported the disconnect first
-                outcome.status = "client_disconnect"
-                return
-            outcome.status = "failed"
-            self.timing.error_code = getattr(exc, "code", "internal_error")
-            raise exc  # uvicorn drops the connection: the client sees a truncated body, not a clean end
+            if isinstance(exc, TimeoutError):
+                outcome.status = "send_timeout"
+                log.warning("client stopped reading for %.0f s; dropping the stream", self.send_timeout_s)
+            else:
+                outcome.status = "failed"
+                timing.error_code = getattr(exc, "code", "internal_error")
+            # Returning without the closing chunk makes uvicorn drop the connection, so the
+            # client sees a truncated body, never a clean end of a broken stream.
         finally:
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
-            self.timing.t_done = time.perf_counter()
-            if self.timing.error_code is not None:
-                outcome.status = "failed"
+            timing.t_done = time.perf_counter()
+            self.watch.stop()
             self.on_finish(outcome)
 
+    async def _send(self, send: Send, message: dict[str, object]) -> None:
+        async with asyncio.timeout(self.send_timeout_s):
+            await send(message)
+
     async def _send_all(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        timing = self.outcome.timing
+        await self._send(send, {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         async for piece in self.body_iterator:
-            await send({"type": "http.response.body", "body": piece, "more_body": True})
-            if self.timing.t_first_audio_out is None:
-                self.timing.t_first_audio_out = time.perf_counter()
-            self.timing.chunks_sent += 1
-        self._all_sent = True
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await self._send(send, {"type": "http.response.body", "body": piece, "more_body": True})
+            if timing.t_first_audio_out is None and not self.watch.gone.is_set():
+                timing.t_first_audio_out = time.perf_counter()
+            timing.chunks_sent += 1
+            await asyncio.sleep(0)  # let the disconnect watch run between pieces
+        self._complete = True
+        await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
