@@ -140,21 +140,27 @@ async def open_stream(state: ServerState, request: Request, plan: StreamPlan, en
     def finish() -> None:
         state.limiter.release(client)
         if stream is not None:
-            state.metrics.engine_streams.dec()
             outcome.timing.chunks_generated = stream.generated
         if hit is not None:
             state.metrics.starter_hits.inc()
         state.record(endpoint, req.request_id, outcome.timing, outcome.status, hit is not None)
 
-    countdown = _Countdown(2 if needs_engine else 1, finish)
+    # The slot is freed once the response is over and the engine has stopped working: at
+    # once for a stream that ran to its end, after the chunk in flight for a cancelled one.
+    end = _StreamEnd(finish, engine_done=not needs_engine)
     if needs_engine:
         loop = asyncio.get_running_loop()
         state.metrics.engine_streams.inc()
+
+        def closed_in_worker() -> None:
+            state.metrics.engine_streams.dec()
+            loop.call_soon_threadsafe(end.engine_stopped)
+
         stream = EngineStream(
             engine,
             replace(req, text=hit.remainder) if hit else req,
             state.executor,
-            on_closed=lambda: loop.call_soon_threadsafe(countdown.tick),
+            on_closed=closed_in_worker,
             start=hit is None,  # on a hit the engine starts once the cached opener is on the wire
         )
     watch = DisconnectWatch(request.receive)
@@ -163,8 +169,10 @@ async def open_stream(state: ServerState, request: Request, plan: StreamPlan, en
 
     def on_finish(done: StreamOutcome) -> None:
         if stream is not None:
+            if stream.exhausted:
+                end.engine_stopped()
             stream.cancel(done.status)
-        countdown.tick()
+        end.response_over()
 
     try:
         first = await stream.next() if stream is not None and hit is None else None
@@ -196,17 +204,25 @@ async def open_stream(state: ServerState, request: Request, plan: StreamPlan, en
     return AudioStreamResponse(body, outcome, watch, on_finish, headers, media_type, timeout)
 
 
-class _Countdown:
-    """Runs `action` once `tick()` has been called `n` times."""
+class _StreamEnd:
+    """Runs `action` once, when both the response and the engine are done."""
 
-    __slots__ = ("left", "action")
+    __slots__ = ("action", "response_done", "engine_done", "fired")
 
-    def __init__(self, n: int, action: Callable[[], None]) -> None:
-        self.left, self.action = n, action
+    def __init__(self, action: Callable[[], None], engine_done: bool) -> None:
+        self.action, self.response_done, self.engine_done, self.fired = action, False, engine_done, False
 
-    def tick(self) -> None:
-        self.left -= 1
-        if self.left == 0:
+    def response_over(self) -> None:
+        self.response_done = True
+        self._maybe_fire()
+
+    def engine_stopped(self) -> None:
+        self.engine_done = True
+        self._maybe_fire()
+
+    def _maybe_fire(self) -> None:
+        if self.response_done and self.engine_done and not self.fired:
+            self.fired = True
             self.action()
 
 

@@ -49,6 +49,7 @@ class EngineStream:
         self._loop = asyncio.get_running_loop()
         self._iterator = engine.stream(request, self.token)
         self._finished = False
+        self.exhausted = False  # the engine ran to its end (as opposed to being cancelled)
         self._pending: asyncio.Future[AudioChunk | None] | None = None
         if start:
             self.start()
@@ -76,6 +77,7 @@ class EngineStream:
             raise EngineFailure(f"{type(exc).__name__}: {exc}") from exc
         if chunk is None or self.token.cancelled:
             self._finished = True
+            self.exhausted = chunk is None
             return None
         self._pending = self._loop.run_in_executor(self._executor, self._next_in_worker)
         return chunk
