@@ -19,6 +19,8 @@ serve: $(STAMP)
 	$(BIN)/voxgate serve
 
 test: $(STAMP)
+	$(BIN)/ruff check voxgate tests
+	$(BIN)/ruff format --check voxgate tests
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -110,12 +110,14 @@ class Resampler:
         )
 
     def process(self, samples: np.ndarray, last: bool = False) -> np.ndarray:
+        """Resample the next chunk; `last=True` also drains the filter."""
         x = np.ascontiguousarray(samples, dtype=np.float32)
         if self._stream is None:
             return x
         return self._stream.resample_chunk(x, last=last)
 
     def flush(self) -> np.ndarray:
+        """The samples still held in the filter, at the end of a stream."""
         return self.process(np.zeros(0, dtype=np.float32), last=True)
 
 
@@ -146,9 +148,11 @@ class StreamEncoder:
         return {"pcm": "audio/pcm", "wav": "audio/wav", "mulaw": "audio/basic"}[self.fmt]
 
     def encode(self, samples: np.ndarray) -> bytes:
+        """Wire bytes for the next chunk of float samples at the input rate."""
         return self._emit(self._resampler.process(samples))
 
     def flush(self) -> bytes:
+        """The last bytes of the stream (what the resampler still held)."""
         return self._emit(self._resampler.flush(), final=True)
 
     def _emit(self, out: np.ndarray, final: bool = False) -> bytes:

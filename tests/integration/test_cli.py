@@ -9,7 +9,9 @@ import wave
 
 
 def voxgate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "voxgate", *args], capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "voxgate", *args], capture_output=True, text=True, timeout=300, env=env
+    )
 
 
 def test_say_writes_a_wav(tmp_path):

@@ -31,7 +31,13 @@ def test_failure_mid_stream_drops_the_connection_without_a_clean_end(tone_server
 
 
 def test_failure_mid_sse_stream_ends_with_an_error_event(tone_server):
-    body = {"model": "tts-1", "voice": "alloy", "input": "one [[fail]]", "response_format": "pcm", "stream_format": "sse"}
+    body = {
+        "model": "tts-1",
+        "voice": "alloy",
+        "input": "one [[fail]]",
+        "response_format": "pcm",
+        "stream_format": "sse",
+    }
     r = httpx.post(f"{tone_server.url}/v1/audio/speech", json=body)
     events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
     assert events[0]["type"] == "speech.audio.delta"

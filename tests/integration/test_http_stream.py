@@ -10,12 +10,11 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.conftest import metric, timing_row, wait_for
 from voxgate.audio import mulaw_decode, pcm16_bytes, resample, to_pcm16
 from voxgate.engines.base import collect
 from voxgate.engines.tone import ToneEngine
 from voxgate.types import SynthesisRequest
-
-from tests.conftest import metric, timing_row, wait_for
 
 
 def tone_pcm(text: str, voice: str = "tone") -> bytes:
@@ -59,7 +58,9 @@ def test_wav_stream_parses_as_wav(tone_server):
 def test_mulaw_is_8khz_and_decodes_to_the_audio(tone_server):
     r = post(tone_server, {"text": "telephone call", "format": "mulaw"})
     assert r.headers["x-sample-rate"] == "8000" and r.headers["content-type"] == "audio/basic"
-    expected = to_pcm16(resample(collect(ToneEngine(), SynthesisRequest(text="telephone call", voice="tone")).samples, 24000, 8000))
+    expected = to_pcm16(
+        resample(collect(ToneEngine(), SynthesisRequest(text="telephone call", voice="tone")).samples, 24000, 8000)
+    )
     decoded = mulaw_decode(r.content)
     assert len(decoded) == len(expected)
     assert np.max(np.abs(decoded.astype(int) - expected.astype(int))) < 1100  # mu-law step at 0.3 full scale
@@ -111,8 +112,12 @@ def test_voices_health_and_metrics(tone_server):
     audio = "voxgate_audio_seconds_total"
     before = [metric(tone_server, name) for name in (ttfa, rtf, audio)]
     post(tone_server, {"text": "count me"})
-    assert wait_for(lambda: [metric(tone_server, n) for n in (ttfa, rtf, audio)] == [before[0] + 1, before[1] + 1,
-                                                                                    pytest.approx(before[2] + 0.24)])
+    assert wait_for(
+        lambda: (
+            [metric(tone_server, n) for n in (ttfa, rtf, audio)]
+            == [before[0] + 1, before[1] + 1, pytest.approx(before[2] + 0.24)]
+        )
+    )
     assert metric(tone_server, "voxgate_ready") == 1 and metric(tone_server, "voxgate_active_streams") == 0
 
 

@@ -45,7 +45,7 @@ def test_piper_streams_sentence_by_sentence(piper_server):
     t0 = time.perf_counter()
     first = None
     with httpx.stream("POST", f"{piper_server.url}/tts/stream", json={"text": text}, timeout=60) as r:
-        for part in r.iter_raw():
+        for _ in r.iter_raw():
             first = first or time.perf_counter()
     done = time.perf_counter()
     assert first is not None and (first - t0) < 0.5 * (done - t0)

@@ -23,7 +23,16 @@ from voxgate.types import UnsupportedFormat, UnsupportedSampleRate
 # G.711 mu-law reference values (ITU-T G.711 / Sun g711.c, as CPython's audioop computes them)
 MULAW_VECTORS = [(0, 0xFF), (-1, 0x7E), (1, 0xFF), (32767, 0x80), (-32768, 0x00), (100, 0xF2), (-100, 0x72),
                  (1000, 0xCE), (-1000, 0x4E), (8000, 0xA0), (-8000, 0x20)]  # fmt: skip
-MULAW_DECODED = [(0x00, -32124), (0x80, 32124), (0xFF, 0), (0x7F, 0), (0xCE, 988), (0x4E, -988), (0x9F, 8316), (0xA0, 7932)]
+MULAW_DECODED = [
+    (0x00, -32124),
+    (0x80, 32124),
+    (0xFF, 0),
+    (0x7F, 0),
+    (0xCE, 988),
+    (0x4E, -988),
+    (0x9F, 8316),
+    (0xA0, 7932),
+]
 
 
 @pytest.mark.parametrize(("linear", "code"), MULAW_VECTORS)

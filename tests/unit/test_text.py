@@ -21,7 +21,15 @@ def test_whitespace_has_no_units():
 
 @pytest.mark.parametrize(
     ("given", "expected"),
-    [("English", "en"), ("en", "en"), ("en-US", "en"), ("zh_CN", "zh"), ("Chinese", "zh"), ("auto", None), (None, None)],
+    [
+        ("English", "en"),
+        ("en", "en"),
+        ("en-US", "en"),
+        ("zh_CN", "zh"),
+        ("Chinese", "zh"),
+        ("auto", None),
+        (None, None),
+    ],
 )
 def test_normalize_language(given, expected):
     assert normalize_language(given) == expected

@@ -33,7 +33,9 @@ def test_same_text_gives_identical_audio_and_different_text_differs():
     engine = ToneEngine()
     digest = {hashlib.sha256(collect(engine, _request("same words")).samples.tobytes()).hexdigest() for _ in range(5)}
     assert len(digest) == 1
-    assert not np.array_equal(collect(engine, _request("same words")).samples, collect(engine, _request("other words")).samples)
+    assert not np.array_equal(
+        collect(engine, _request("same words")).samples, collect(engine, _request("other words")).samples
+    )
 
 
 def test_cancel_stops_between_chunks():

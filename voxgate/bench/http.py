@@ -13,7 +13,7 @@ import json
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +123,7 @@ def run_http_bench(args: argparse.Namespace) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     before = machine()
     results = {e: bench_engine(e, args.n, args.warmup, args.concurrency) for e in engines}
-    stamp = datetime.now(timezone.utc)
+    stamp = datetime.now(UTC)
     report = {
         "bench": "http",
         "date": stamp.isoformat(timespec="seconds"),

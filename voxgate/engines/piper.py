@@ -62,9 +62,7 @@ class PiperEngine:
         return [VoiceInfo(self._voice_id, self.name, (self._language,), "Piper VITS, packaged voice")]
 
     def warmup(self) -> None:
-        for _ in self.stream(
-            SynthesisRequest(text="Warming up the voice.", voice=self._voice_id), CancelToken()
-        ):
+        for _ in self.stream(SynthesisRequest(text="Warming up the voice.", voice=self._voice_id), CancelToken()):
             pass
 
     def stream(self, request: SynthesisRequest, cancel: CancelToken) -> Iterator[AudioChunk]:

@@ -55,9 +55,7 @@ class ToneEngine:
         self.units_per_chunk = units_per_chunk
 
     def voices(self) -> list[VoiceInfo]:
-        return [
-            VoiceInfo(v, self.name, ("*",), f"synthetic tones, pitch x{p:g}") for v, p in _VOICES.items()
-        ]
+        return [VoiceInfo(v, self.name, ("*",), f"synthetic tones, pitch x{p:g}") for v, p in _VOICES.items()]
 
     def warmup(self) -> None:
         return None

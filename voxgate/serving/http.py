@@ -100,7 +100,12 @@ async def healthz(request: Request) -> JSONResponse:
         return JSONResponse({"status": "starting"}, status_code=503)
     engine = state.require_engine()
     return JSONResponse(
-        {"status": "ok", "engine": engine.name, "sample_rate": engine.sample_rate, "active_streams": state.limiter.active}
+        {
+            "status": "ok",
+            "engine": engine.name,
+            "sample_rate": engine.sample_rate,
+            "active_streams": state.limiter.active,
+        }
     )
 
 
@@ -207,7 +212,7 @@ async def open_stream(state: ServerState, request: Request, plan: StreamPlan, en
 class _StreamEnd:
     """Runs `action` once, when both the response and the engine are done."""
 
-    __slots__ = ("action", "response_done", "engine_done", "fired")
+    __slots__ = ("action", "engine_done", "fired", "response_done")
 
     def __init__(self, action: Callable[[], None], engine_done: bool) -> None:
         self.action, self.response_done, self.engine_done, self.fired = action, False, engine_done, False

@@ -8,7 +8,7 @@ from voxgate.types import Busy, TooManyStreams
 class StreamLimiter:
     """Counts open streams; used from the event loop thread only, so it needs no lock."""
 
-    __slots__ = ("max_streams", "max_per_client", "_by_client", "_total")
+    __slots__ = ("_by_client", "_total", "max_per_client", "max_streams")
 
     def __init__(self, max_streams: int, max_per_client: int) -> None:
         self.max_streams = max_streams

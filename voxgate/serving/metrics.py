@@ -9,6 +9,8 @@ _RTF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 
 
 class Metrics:
+    """The server's Prometheus metrics (names start with `voxgate_`; see the README)."""
+
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.ttfa = Histogram(

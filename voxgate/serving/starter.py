@@ -22,6 +22,8 @@ class StarterHit:
 
 
 class StarterCache:
+    """Cached opener audio by (voice, phrase); filled at start-up, then read-only."""
+
     def __init__(self) -> None:
         self._entries: dict[tuple[str, str], tuple[np.ndarray, int]] = {}
 
@@ -39,13 +41,14 @@ class StarterCache:
     def match(self, voice: str, text: str) -> StarterHit | None:
         """The longest cached opener that `text` begins with, on a word boundary."""
         body = text.lstrip()
-        best: str | None = None
-        for v, phrase in self._entries:
-            if v == voice and body.startswith(phrase) and _boundary(phrase, body[len(phrase) :]):
-                if best is None or len(phrase) > len(best):
-                    best = phrase
-        if best is None:
+        candidates = [
+            phrase
+            for v, phrase in self._entries
+            if v == voice and body.startswith(phrase) and _boundary(phrase, body[len(phrase) :])
+        ]
+        if not candidates:
             return None
+        best = max(candidates, key=len)
         samples, rate = self._entries[(voice, best)]
         return StarterHit(best, samples, rate, body[len(best) :].strip())
 

@@ -13,11 +13,10 @@ from voxgate.audio import AudioFormat, check_output
 from voxgate.config import Settings
 from voxgate.engines.base import Engine, check_request, collect
 from voxgate.engines.registry import create_engine
+from voxgate.serving.limits import StreamLimiter
 from voxgate.serving.metrics import Metrics
 from voxgate.serving.starter import StarterCache
-from voxgate.serving.limits import StreamLimiter
-from voxgate.text import normalize_language
-from voxgate.text import check_text
+from voxgate.text import check_text, normalize_language
 from voxgate.types import (
     NotReady,
     SynthesisRequest,
@@ -38,8 +37,10 @@ class StreamPlan:
     sample_rate: int
 
 
-@dataclass
+@dataclass(slots=True)
 class ServerState:
+    """Everything one running server holds: settings, engine, limits, caches, metrics."""
+
     settings: Settings
     metrics: Metrics = field(default_factory=Metrics)
     starters: StarterCache = field(default_factory=StarterCache)
@@ -78,7 +79,9 @@ class ServerState:
             return
         self.ready = True
         self.metrics.ready.set(1)
-        log.info("ready in %.2f s (engine=%s, %d starters)", time.perf_counter() - t0, self.engine.name, len(self.starters))
+        log.info(
+            "ready in %.2f s (engine=%s, %d starters)", time.perf_counter() - t0, self.engine.name, len(self.starters)
+        )
 
     def _fill_starters(self, engine: Engine) -> None:
         voice = self.default_voice()
