@@ -1,0 +1,122 @@
+"""The Qwen3 decoder stack shared by the talker and the code predictor, with a
+preallocated (static) KV cache so a decode step has fixed shapes.
+
+Parameter names follow the official checkpoint (`layers.N.self_attn.q_proj`, ...).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from voxgate.engines.qwen3 import ops
+from voxgate.engines.qwen3.config import StackConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+
+class KVCache:
+    """Keys and values for every layer: (layers, batch, kv_heads, capacity, head_dim)."""
+
+    def __init__(self, cfg: StackConfig, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
+        shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, capacity, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.capacity = capacity
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: StackConfig) -> None:
+        super().__init__()
+        h, kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=False)
+        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)  # QK-norm, per head, before RoPE
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.heads, self.kv_heads, self.head_dim = h, kv, d
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache,
+        layer: int,
+        start: int,
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
+        end = start + t
+        cache.k[layer, :, :, start:end] = k
+        cache.v[layer, :, :, start:end] = v
+        keys = cache.k[layer, :, :, :end].repeat_interleave(self.heads // self.kv_heads, dim=1)
+        values = cache.v[layer, :, :, :end].repeat_interleave(self.heads // self.kv_heads, dim=1)
+        scores = torch.matmul(q, keys.transpose(2, 3)) * self.head_dim**-0.5
+        if t > 1:  # causal within the new block; earlier positions are all visible
+            mask = torch.ones(t, end, dtype=torch.bool, device=x.device).tril(start)
+            scores = scores.masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(probs, values).transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: StackConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class DecoderStack(nn.Module):
+    """`layers` + final `norm`; `forward` runs positions start..start+T-1 and returns the
+    final-normed hidden states."""
+
+    def __init__(self, cfg: StackConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        inv_freq = 1.0 / (
+            cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim)
+        )
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def rope(self, start: int, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(start, start + length, device=self.inv_freq.device, dtype=torch.float32)
+        freqs = positions[:, None] * self.inv_freq.float()[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def forward(self, x: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
+        cos, sin = self.rope(start, x.shape[1], x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, cache, i, start)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x)

@@ -1,0 +1,140 @@
+"""Text tokenizer and the talker's prefill for CustomVoice and VoiceDesign prompts.
+
+The prefill is a sequence of embeddings (text track + codec track summed per row); after it,
+each decode step adds the next "trailing" text embedding (streaming-text mode) or tts_pad.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+from voxgate.engines.qwen3.config import Qwen3TTSConfig
+from voxgate.engines.qwen3.talker import Talker
+from voxgate.types import EmptyText, InvalidRequest, UnknownVoice, UnsupportedLanguage
+
+# The Qwen2 pre-tokenisation pattern (split before byte-level BPE).
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def load_text_tokenizer(model_dir: Path) -> Tokenizer:
+    """Byte-level BPE from vocab.json + merges.txt, with the special tokens of tokenizer_config.json."""
+    bpe = models.BPE.from_file(str(model_dir / "vocab.json"), str(model_dir / "merges.txt"))
+    tok = Tokenizer(bpe)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    from tokenizers import AddedToken
+
+    added = [
+        AddedToken(v["content"], special=v.get("special", False), normalized=v.get("normalized", False))
+        for _, v in sorted(config.get("added_tokens_decoder", {}).items(), key=lambda kv: int(kv[0]))
+    ]
+    tok.add_special_tokens([a for a in added if a.special])
+    tok.add_tokens([a for a in added if not a.special])
+    return tok
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """The talker's prefill embeddings (1, P, H) and the text fed one row per decode step."""
+
+    embeds: torch.Tensor
+    trailing: torch.Tensor  # (1, N, H)
+    pad: torch.Tensor  # (1, H): fed once the trailing text is used up
+
+
+class PromptBuilder:
+    def __init__(self, cfg: Qwen3TTSConfig, tokenizer: Tokenizer, talker: Talker) -> None:
+        self.cfg, self.tokenizer, self.talker = cfg, tokenizer, talker
+        ids = torch.tensor([[cfg.tts_bos_id, cfg.tts_eos_id, cfg.tts_pad_id]], device=self._device())
+        with torch.inference_mode():
+            self.tts_bos, self.tts_eos, self.tts_pad = talker.text(ids)[0]  # constant rows, computed once
+
+    def _device(self) -> torch.device:
+        return self.talker.codec_head.weight.device
+
+    def _ids(self, text: str) -> torch.Tensor:
+        return torch.tensor([self.tokenizer.encode(text, add_special_tokens=False).ids], device=self._device())
+
+    def language_id(self, language: str | None, speaker: str | None) -> int | None:
+        t = self.cfg.talker
+        lang = (language or "auto").lower()
+        if lang != "auto" and lang not in t.language_ids:
+            raise UnsupportedLanguage(f"unknown language {language!r}; use one of auto, {', '.join(t.language_ids)}")
+        dialect = t.speaker_dialects.get(speaker or "")
+        if dialect and lang in ("chinese", "auto"):
+            return t.language_ids[dialect]
+        return None if lang == "auto" else t.language_ids[lang]
+
+    @torch.inference_mode()
+    def build(
+        self,
+        text: str,
+        *,
+        speaker: str | None = None,
+        language: str | None = None,
+        instruct: str | None = None,
+        speaker_embedding: torch.Tensor | None = None,
+        stream_text: bool = False,
+    ) -> Prompt:
+        """Prefill for a CustomVoice (speaker), VoiceDesign (instruct) or x-vector voice.
+
+        `stream_text=False` puts the whole text in the prefill (the reference default for
+        CustomVoice and VoiceDesign); True feeds it one token per generated frame.
+        """
+        t, talker = self.cfg.talker, self.talker
+        if not text.strip():
+            raise EmptyText("text is empty")
+        ids = self._ids(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
+        if ids.shape[1] <= 8:
+            raise InvalidRequest("the text tokenizes to nothing")
+        rows: list[torch.Tensor] = []
+        if instruct:
+            rows.append(talker.text(self._ids(f"<|im_start|>user\n{instruct}<|im_end|>\n"))[0])
+        rows.append(talker.text(ids[:, :3])[0])  # <|im_start|>assistant\n
+        speaker_row = None
+        if speaker is not None:
+            key = speaker.lower()
+            if key not in t.speaker_ids:
+                raise UnknownVoice(f"unknown speaker {speaker!r}; available: {', '.join(t.speaker_ids)}")
+            speaker_row = talker.codec(torch.tensor([t.speaker_ids[key]], device=self._device()))
+        elif speaker_embedding is not None:
+            speaker_row = speaker_embedding.reshape(1, -1)
+        lang_id = self.language_id(language, speaker.lower() if speaker else None)
+        tags = (
+            [t.codec_think_id, t.codec_think_bos_id, lang_id, t.codec_think_eos_id]
+            if lang_id is not None
+            else [t.codec_nothink_id, t.codec_think_bos_id, t.codec_think_eos_id]
+        )
+        codec = [talker.codec(torch.tensor(tags, device=self._device()))]
+        if speaker_row is not None:
+            codec.append(speaker_row)
+        codec.append(talker.codec(torch.tensor([t.codec_pad_id, t.codec_bos_id], device=self._device())))
+        codec_seq = torch.cat(codec)
+        text_seq = torch.cat([self.tts_pad.expand(len(codec_seq) - 2, -1), self.tts_bos[None]])
+        rows.append(codec_seq[:-1] + text_seq)
+        codec_pad = talker.codec(torch.tensor([t.codec_pad_id], device=self._device()))[0]
+        codec_bos = codec_seq[-1]
+        body = ids[:, 3:-5]
+        if stream_text:
+            rows.append(talker.text(body[:, :1])[0] + codec_bos)
+            trailing = torch.cat([talker.text(body[:, 1:])[0], self.tts_eos[None]])
+        else:
+            text_rows = torch.cat([talker.text(body)[0], self.tts_eos[None]])
+            rows.append(text_rows + codec_pad)
+            rows.append((self.tts_pad + codec_bos)[None])
+            trailing = self.tts_pad[None]
+        return Prompt(torch.cat(rows)[None], trailing[None], self.tts_pad[None])
