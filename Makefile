@@ -1,24 +1,34 @@
 # Two entry points for a fresh machine: `make serve` and `make test`.
 # Each creates .venv (Python >= 3.11) and installs the pinned dependencies when missing.
+# `make serve` installs only what serving the embedded CPU voice needs; `make test` adds
+# torch (CPU), the test tools and the official Qwen3-TTS package as a parity reference.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+SERVE_STAMP := $(VENV)/.installed-serve
+TEST_STAMP  := $(VENV)/.installed-test
 
 .PHONY: serve test install clean
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "voxgate needs Python >= 3.11; run: make PYTHON=python3.11 ...")'
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV)
+
+$(SERVE_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(TEST_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	$(BIN)/python -m pip install --quiet --no-deps qwen-tts-hf==0.1.1.post1
+	touch $@ $(SERVE_STAMP)
 
-install: $(STAMP)
+install: $(SERVE_STAMP)
 
-serve: $(STAMP)
+serve: $(SERVE_STAMP)
 	$(BIN)/voxgate serve
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/ruff check voxgate tests
 	$(BIN)/ruff format --check voxgate tests
 	$(BIN)/python -m pytest -q

@@ -36,7 +36,7 @@ class Settings(BaseSettings):
     # server
     host: str = Field("127.0.0.1", description="Address to bind; loopback unless told otherwise.")
     port: int = Field(8000, ge=0, le=65535, description="Port to bind; 0 picks a free port.")
-    engine: str = Field("piper", description="Engine name: piper, tone.")
+    engine: str = Field("piper", description="Engine name: piper, tone, qwen3.")
     default_voice: str | None = Field(None, description="Voice used when a request names none (engine default).")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Logging level.")
     warmup: bool = Field(True, description="Synthesise once at start-up before /healthz reports ready.")
@@ -70,6 +70,11 @@ class Settings(BaseSettings):
     piper_model: Path | None = Field(None, description="piper: .onnx voice; default is the packaged en_US joe voice.")
     piper_threads: int = Field(0, ge=0, description="piper: onnxruntime intra-op threads; 0 = library default.")
     piper_parallel: int = Field(1, ge=1, description="piper: sentences synthesised at once; others wait in turn.")
+
+    qwen3_model_dir: Path | None = Field(None, description="qwen3: checkpoint directory (official layout).")
+    qwen3_device: str = Field("cpu", description="qwen3: torch device, e.g. cpu or cuda.")
+    qwen3_dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="qwen3: weight dtype.")
+    qwen3_packet_frames: int = Field(1, ge=1, le=64, description="qwen3: 80 ms frames decoded per audio packet.")
 
     @field_validator("api_keys", "starter_phrases", "voice_aliases", mode="before")
     @classmethod

@@ -11,6 +11,7 @@ from voxgate.types import UnknownEngine
 _FACTORIES: dict[str, str] = {
     "tone": "voxgate.engines.tone:create",
     "piper": "voxgate.engines.piper:create",
+    "qwen3": "voxgate.engines.qwen3.engine:create",
 }
 
 

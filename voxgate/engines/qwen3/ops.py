@@ -3,8 +3,8 @@ are computed together, so a stream decoded packet by packet equals the one-shot 
 bit for bit on the CPU.
 
 Three rules make that hold with PyTorch's CPU kernels:
-- matrix products never run with fewer than 8 rows (the BLAS takes another, differently
-  rounded path for tiny M), so rows are zero-padded up to 8;
+- matrix products always run on a multiple of 8 rows (the BLAS computes leftover rows
+  with other, differently rounded kernels), so rows are zero-padded to the next multiple;
 - convolutions are unfolded into those matrix products instead of calling conv kernels,
   whose algorithm changes with the input length;
 - attention looks at a fixed window of keys per query, so every softmax row has the same
@@ -20,11 +20,12 @@ MIN_ROWS = 8
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`x @ weight.T + bias` over the last dim, padding the row count to MIN_ROWS on CPU."""
+    """`x @ weight.T + bias` over the last dim; on CPU the row count is padded to a multiple of 8."""
     rows = x.reshape(-1, x.shape[-1])
     n = rows.shape[0]
-    if x.device.type == "cpu" and n < MIN_ROWS:
-        rows = torch.cat([rows, rows.new_zeros(MIN_ROWS - n, rows.shape[1])])
+    pad = -n % MIN_ROWS
+    if x.device.type == "cpu" and pad:
+        rows = torch.cat([rows, rows.new_zeros(pad, rows.shape[1])])
     out = F.linear(rows, weight, bias)[:n]
     return out.reshape(*x.shape[:-1], weight.shape[0])
 

@@ -1,0 +1,113 @@
+"""The `qwen3` engine: prompt -> codes frame by frame -> incremental codec decode -> PCM.
+
+One packet of `packet_frames` frames is decoded as soon as it is generated, with the
+decoder's state carried across packets, so audio starts after the first frame and nothing
+is ever re-decoded. Voices are the checkpoint's speakers (CustomVoice) or one `design`
+voice whose description comes from the request's `instructions` (VoiceDesign).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from voxgate.config import Settings
+from voxgate.engines.qwen3.codec import DecoderState
+from voxgate.engines.qwen3.config import SamplingParams
+from voxgate.engines.qwen3.generate import generate_codes, max_frames_for
+from voxgate.engines.qwen3.loader import Qwen3Checkpoint, load_checkpoint
+from voxgate.engines.qwen3.prompt import PromptBuilder
+from voxgate.types import AudioChunk, CancelToken, EngineFailure, InvalidRequest, SynthesisRequest, VoiceInfo
+
+log = logging.getLogger(__name__)
+SAMPLE_RATE = 24000
+DESIGN_VOICE = "design"
+_LANGUAGES = {"en": "english", "zh": "chinese", "ja": "japanese", "ko": "korean", "de": "german", "fr": "french",
+              "ru": "russian", "pt": "portuguese", "es": "spanish", "it": "italian"}  # fmt: skip
+
+
+class Qwen3Engine:
+    name = "qwen3"
+    sample_rate = SAMPLE_RATE
+
+    def __init__(self, checkpoint: Qwen3Checkpoint, packet_frames: int = 1, sampling: SamplingParams | None = None):
+        if packet_frames < 1:
+            raise ValueError("packet_frames must be >= 1")
+        self.ck = checkpoint
+        self.packet_frames = packet_frames
+        self.sampling = sampling or SamplingParams.from_generation_config(checkpoint.generation)
+        self.prompts = PromptBuilder(checkpoint.config, checkpoint.tokenizer, checkpoint.talker)
+        self._lock = threading.Lock()  # one stream at a time on this eager engine (batching: issue 4)
+        kind = checkpoint.config.model_type
+        if kind == "custom_voice":
+            speakers = sorted(checkpoint.config.talker.speaker_ids)
+            self._voices = [VoiceInfo(s, self.name, ("*",), "Qwen3-TTS CustomVoice speaker") for s in speakers]
+        elif kind == "voice_design":
+            self._voices = [VoiceInfo(DESIGN_VOICE, self.name, ("*",), "described by the request's instructions")]
+        else:
+            raise EngineFailure(f"{kind!r} checkpoints (voice clone) are not supported by the qwen3 engine yet")
+
+    def voices(self) -> list[VoiceInfo]:
+        return list(self._voices)
+
+    def warmup(self) -> None:
+        for _ in self.stream(SynthesisRequest(text="Warm up.", voice=self._voices[0].id), CancelToken()):
+            pass
+
+    def stream(self, request: SynthesisRequest, cancel: CancelToken) -> Iterator[AudioChunk]:
+        language = _LANGUAGES.get(request.language or "", request.language)
+        design = self.ck.config.model_type == "voice_design"
+        if design and not request.instructions:
+            raise InvalidRequest("a VoiceDesign model needs `instructions` describing the voice")
+        prompt = self.prompts.build(
+            request.text,
+            speaker=None if design else request.voice,
+            language=language,
+            instruct=request.instructions,
+        )
+        params = self.sampling if request.seed is None else _with_seed(self.sampling, request.seed)
+        text_tokens = len(self.ck.tokenizer.encode(request.text, add_special_tokens=False).ids)
+        limit = max_frames_for(text_tokens, params)
+        with self._lock:
+            yield from self._decode_packets(generate_codes(self.ck.talker, prompt, params, cancel, limit), cancel)
+
+    def _decode_packets(self, frames: Iterator[torch.Tensor], cancel: CancelToken) -> Iterator[AudioChunk]:
+        state = DecoderState()
+        packet: list[torch.Tensor] = []
+        seq = 0
+        for frame in frames:
+            packet.append(frame)
+            if len(packet) == self.packet_frames:
+                yield self._chunk(packet, state, seq)
+                packet, seq = [], seq + 1
+            if cancel.cancelled:
+                return
+        if packet:
+            yield self._chunk(packet, state, seq)
+
+    def _chunk(self, packet: list[torch.Tensor], state: DecoderState, seq: int) -> AudioChunk:
+        codes = torch.stack(packet, dim=1)[None]  # (1, 16, P)
+        pcm = self.ck.codec.decode(codes, state)[0].float().cpu().numpy()
+        return AudioChunk(pcm, SAMPLE_RATE, seq, t_ready=time.perf_counter())
+
+    def close(self) -> None:
+        return None
+
+
+def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
+    from dataclasses import replace
+
+    return replace(params, seed=seed)
+
+
+def create(settings: Settings) -> Qwen3Engine:
+    if settings.qwen3_model_dir is None:
+        raise EngineFailure("set VOXGATE_QWEN3_MODEL_DIR to a Qwen3-TTS checkpoint directory")
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[settings.qwen3_dtype]
+    checkpoint = load_checkpoint(Path(settings.qwen3_model_dir), settings.qwen3_device, dtype)
+    return Qwen3Engine(checkpoint, settings.qwen3_packet_frames)
