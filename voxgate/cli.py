@@ -126,6 +126,23 @@ def cmd_bench_http(args: argparse.Namespace) -> int:
     return run_http_bench(args)
 
 
+def cmd_bench_tts(args: argparse.Namespace) -> int:
+    from voxgate.bench.tts import run_tts_bench
+
+    return run_tts_bench(args)
+
+
+def cmd_make_random_checkpoint(args: argparse.Namespace) -> int:
+    from voxgate.engines.qwen3.checkpoint import make_random_checkpoint
+
+    _logging("info")
+    started = time.perf_counter()
+    config_root = Path(args.configs) if args.configs else None
+    out = make_random_checkpoint(args.model, Path(args.out), tiny=args.tiny, seed=args.seed, config_root=config_root)
+    print(f"wrote {out} in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="voxgate", description="Real-time voice stack.")
     parser.add_argument("--version", action="version", version=f"voxgate {__version__}")
@@ -160,6 +177,21 @@ def build_parser() -> argparse.ArgumentParser:
     http = bench.add_parser("http", help="TTFA and RTF of the HTTP server (spawns servers on loopback)")
     add_arguments(http)
     http.set_defaults(func=cmd_bench_http)
+    from voxgate.bench.tts import add_arguments as add_tts_arguments
+
+    tts = bench.add_parser("tts", help="qwen3 per-frame cost, TTFA and RTF for a checkpoint")
+    add_tts_arguments(tts)
+    tts.set_defaults(func=cmd_bench_tts)
+
+    from voxgate.engines.qwen3.checkpoint import MODELS
+
+    mrc = sub.add_parser("make-random-checkpoint", help="random-weight Qwen3-TTS checkpoint in the official layout")
+    mrc.add_argument("--model", required=True, choices=MODELS)
+    mrc.add_argument("--out", required=True, help="directory to write")
+    mrc.add_argument("--tiny", action="store_true", help="shrink layers and widths for fast CPU tests")
+    mrc.add_argument("--seed", type=int, default=0)
+    mrc.add_argument("--configs", help="folder with the official configs (default ../shared/qwen3-tts)")
+    mrc.set_defaults(func=cmd_make_random_checkpoint)
     return parser
 
 

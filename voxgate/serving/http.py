@@ -51,6 +51,8 @@ async def tts_stream(request: Request) -> Response:
         fmt=body.format,
         sample_rate=body.sample_rate,
         speed=body.speed,
+        instructions=body.instructions,
+        seed=body.seed,
         request_id=request_id_of(request),
     )
     return await open_stream(state, request, plan, endpoint="/tts/stream", sse=False)
@@ -138,7 +140,8 @@ async def open_stream(state: ServerState, request: Request, plan: StreamPlan, en
     state.limiter.acquire(client)
     state.metrics.active_streams.set(state.limiter.active)
     outcome = StreamOutcome(Timing(t_req_in=scope["t_req_in"]))
-    hit = state.starters.match(req.voice, req.text) if state.settings.starter_cache and req.speed == 1.0 else None
+    cacheable = state.settings.starter_cache and req.speed == 1.0 and req.seed is None and not req.instructions
+    hit = state.starters.match(req.voice, req.text) if cacheable else None
     needs_engine = hit is None or bool(hit.remainder)
     stream: EngineStream | None = None
 

@@ -22,6 +22,8 @@ class TTSStreamBody(BaseModel):
     format: str = "pcm"
     sample_rate: int | None = None
     speed: float = Field(1.0, ge=0.25, le=4.0)
+    instructions: str | None = Field(None, max_length=2000)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
 
 
 class VoiceRef(BaseModel):

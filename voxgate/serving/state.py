@@ -127,6 +127,7 @@ class ServerState:
         language: str | None = None,
         speed: float = 1.0,
         instructions: str | None = None,
+        seed: int | None = None,
         request_id: str = "",
     ) -> StreamPlan:
         """Validate a request against the limits and the engine; raises typed errors."""
@@ -140,6 +141,7 @@ class ServerState:
             language=normalize_language(language),
             speed=speed,
             instructions=instructions,
+            seed=seed,
             request_id=request_id,
         )
         check_request(engine, request)

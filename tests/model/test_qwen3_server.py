@@ -1,0 +1,65 @@
+"""The qwen3 engine behind the real HTTP server, and its commands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from voxgate.bench.server import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def qwen3_server(tiny_dirs):
+    env = {"QWEN3_MODEL_DIR": str(tiny_dirs["cv06"]), "STARTER_CACHE": "false", "QWEN3_PACKET_FRAMES": "2"}
+    with ServerProcess("qwen3", env=env) as server:
+        yield server
+
+
+def test_qwen3_streams_from_the_server_deterministically_with_a_seed(qwen3_server):
+    body = {"text": "Hello from the talker.", "voice": "vivian", "language": "en", "seed": 5}
+    first = httpx.post(f"{qwen3_server.url}/tts/stream", json=body, timeout=120)
+    second = httpx.post(f"{qwen3_server.url}/tts/stream", json=body, timeout=120)
+    assert first.status_code == 200 and first.headers["x-sample-rate"] == "24000"
+    assert len(first.content) > 0 and len(first.content) % (1920 * 2) == 0  # whole 80 ms frames
+    assert first.content == second.content
+    other = httpx.post(f"{qwen3_server.url}/tts/stream", json={**body, "seed": 6}, timeout=120)
+    assert other.content != first.content
+
+
+def test_qwen3_voices_and_bad_speaker(qwen3_server):
+    voices = httpx.get(f"{qwen3_server.url}/v1/voices").json()
+    assert {"vivian", "ryan", "eric"} <= {v["id"] for v in voices["voices"]}
+    r = httpx.post(f"{qwen3_server.url}/tts/stream", json={"text": "hi", "voice": "nobody"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unknown_voice"
+
+
+def test_make_random_checkpoint_and_bench_tts_commands(tmp_path):
+    out = tmp_path / "ck"
+    run = [sys.executable, "-m", "voxgate"]
+    made = subprocess.run([*run, "make-random-checkpoint", "--model", "Qwen3-TTS-12Hz-0.6B-CustomVoice",
+                           "--out", str(out), "--tiny"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert (out / "model.safetensors").is_file() and (out / "speech_tokenizer/model.safetensors").is_file()
+    report = tmp_path / "tts.json"
+    bench = subprocess.run([*run, "bench", "tts", "--model-dir", str(out), "--frames", "4", "--runs", "1",
+                            "--packet-frames", "1,2", "--output-json", str(report)],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert bench.returncode == 0, bench.stderr
+    result = json.loads(report.read_text())["result"]
+    assert result["frames"] == 4 and set(result["packets"]) == {"1", "2"}
+    assert result["codes_ms_per_frame"] > 0
+
+
+def test_unknown_model_name_is_refused(tmp_path):
+    made = subprocess.run(
+        [sys.executable, "-m", "voxgate", "make-random-checkpoint", "--model", "nope", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 2 and "invalid choice" in made.stderr
