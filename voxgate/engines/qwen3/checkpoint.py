@@ -20,6 +20,7 @@ from torch import nn
 
 from voxgate.engines.qwen3.codec import CodecDecoder, CodecDecoderConfig
 from voxgate.engines.qwen3.config import Qwen3TTSConfig
+from voxgate.engines.qwen3.speaker import SpeakerEncoder, SpeakerEncoderConfig
 from voxgate.engines.qwen3.talker import Talker
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,8 @@ TINY_TALKER = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers"
                "num_key_value_heads": 1, "head_dim": 128, "text_hidden_size": 64}  # fmt: skip
 TINY_PREDICTOR = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
                   "num_key_value_heads": 1, "head_dim": 32, "layer_types": ["full_attention"] * 2}  # fmt: skip
+TINY_SPEAKER = {"enc_dim": 128, "enc_channels": [32, 32, 32, 32, 96], "enc_attention_channels": 16,
+                "enc_se_channels": 16}  # fmt: skip
 TINY_CODEC = {"codebook_dim": 64, "latent_dim": 64, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
               "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 32, "decoder_dim": 512}  # fmt: skip
 
@@ -93,15 +96,20 @@ def make_random_checkpoint(
         raw["talker_config"].update(TINY_TALKER)
         raw["talker_config"]["code_predictor_config"].update(TINY_PREDICTOR)
         if raw.get("speaker_encoder_config"):
-            raw["speaker_encoder_config"]["enc_dim"] = TINY_TALKER["hidden_size"]
+            raw["speaker_encoder_config"].update(TINY_SPEAKER)
         codec_raw["decoder_config"].update(TINY_CODEC)
     (out / "config.json").write_text(json.dumps(raw, indent=2))
     (out / "speech_tokenizer/config.json").write_text(json.dumps(codec_raw, indent=2))
 
     generator = torch.Generator().manual_seed(seed)
-    talker = Talker(Qwen3TTSConfig.from_dict(raw).talker)
+    config = Qwen3TTSConfig.from_dict(raw)
+    talker = Talker(config.talker)
     _randomise(talker, generator)
     state = {f"talker.{k}": v.contiguous() for k, v in talker.state_dict().items()}
+    if config.model_type == "base":
+        speaker = SpeakerEncoder(SpeakerEncoderConfig.from_dict(config.speaker_encoder))
+        _randomise(speaker, generator)
+        state.update({f"speaker_encoder.{k}": v.contiguous() for k, v in speaker.state_dict().items()})
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     del talker, state
     codec = CodecDecoder(CodecDecoderConfig.from_dict(codec_raw["decoder_config"]))

@@ -16,6 +16,7 @@ from torch import nn
 from voxgate.engines.qwen3.codec import CodecDecoder, CodecDecoderConfig
 from voxgate.engines.qwen3.config import Qwen3TTSConfig
 from voxgate.engines.qwen3.prompt import load_text_tokenizer
+from voxgate.engines.qwen3.speaker import SpeakerEncoder, SpeakerEncoderConfig
 from voxgate.engines.qwen3.talker import Talker
 from voxgate.types import VoxgateError
 
@@ -48,6 +49,7 @@ class Qwen3Checkpoint:
     codec: CodecDecoder
     tokenizer: Tokenizer
     model_dir: Path
+    speaker: SpeakerEncoder | None = None  # Base (voice clone) models only
 
 
 def check_layout(model_dir: Path) -> None:
@@ -90,7 +92,14 @@ def load_checkpoint(model_dir: Path, device: str = "cpu", dtype: torch.dtype = t
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"unreadable config in {model_dir}: {exc}") from exc
     talker, codec = Talker(config.talker), CodecDecoder(codec_cfg)
-    load_weights(talker, load_file(model_dir / "model.safetensors"), "talker.")
+    weights = load_file(model_dir / "model.safetensors")
+    load_weights(talker, weights, "talker.")
+    speaker = None
+    if config.model_type == "base":
+        speaker = SpeakerEncoder(SpeakerEncoderConfig.from_dict(config.speaker_encoder))
+        load_weights(speaker, weights, "speaker_encoder.")
+        speaker.to(device=device, dtype=dtype).eval()
+    del weights
     load_weights(codec, load_file(model_dir / "speech_tokenizer/model.safetensors"), "decoder.")
     talker.to(device=device, dtype=dtype).eval()
     codec.to(device=device, dtype=dtype).eval()
@@ -99,4 +108,4 @@ def load_checkpoint(model_dir: Path, device: str = "cpu", dtype: torch.dtype = t
     log.info(
         "loaded %s (%s, %s) in %.1f s", model_dir.name, config.model_type, config.model_size, time.perf_counter() - t0
     )
-    return Qwen3Checkpoint(config, generation, talker, codec, tokenizer, model_dir)
+    return Qwen3Checkpoint(config, generation, talker, codec, tokenizer, model_dir, speaker)

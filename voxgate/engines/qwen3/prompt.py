@@ -88,12 +88,17 @@ class PromptBuilder:
         language: str | None = None,
         instruct: str | None = None,
         speaker_embedding: torch.Tensor | None = None,
+        ref_codes: torch.Tensor | None = None,
+        ref_text: str | None = None,
         stream_text: bool = False,
     ) -> Prompt:
-        """Prefill for a CustomVoice (speaker), VoiceDesign (instruct) or x-vector voice.
+        """Prefill for a CustomVoice (speaker), VoiceDesign (instruct) or cloned voice
+        (x-vector `speaker_embedding`, plus `ref_codes` (T, 16) and `ref_text` for in-context
+        cloning).
 
         `stream_text=False` puts the whole text in the prefill (the reference default for
-        CustomVoice and VoiceDesign); True feeds it one token per generated frame.
+        CustomVoice and VoiceDesign); True feeds it one token per generated frame (the
+        reference default for cloning).
         """
         t, talker = self.cfg.talker, self.talker
         if not text.strip():
@@ -129,7 +134,12 @@ class PromptBuilder:
         codec_pad = talker.codec(torch.tensor([t.codec_pad_id], device=self._device()))[0]
         codec_bos = codec_seq[-1]
         body = ids[:, 3:-5]
-        if stream_text:
+        if ref_codes is not None:
+            if not ref_text:
+                raise InvalidRequest("in-context cloning needs the reference audio's transcript")
+            rows_icl, trailing = self._icl_rows(body, ref_codes, ref_text, codec_bos, codec_pad, stream_text)
+            rows.append(rows_icl)
+        elif stream_text:
             rows.append(talker.text(body[:, :1])[0] + codec_bos)
             trailing = torch.cat([talker.text(body[:, 1:])[0], self.tts_eos[None]])
         else:
@@ -138,3 +148,28 @@ class PromptBuilder:
             rows.append((self.tts_pad + codec_bos)[None])
             trailing = self.tts_pad[None]
         return Prompt(torch.cat(rows)[None], trailing[None], self.tts_pad[None])
+
+    def _icl_rows(
+        self,
+        body: torch.Tensor,
+        ref_codes: torch.Tensor,
+        ref_text: str,
+        codec_bos: torch.Tensor,
+        codec_pad: torch.Tensor,
+        stream_text: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """In-context cloning: the reference transcript + the text on the text track, the
+        reference audio's frames (after codec_bos) on the codec track."""
+        talker = self.talker
+        ref_ids = self._ids(f"<|im_start|>assistant\n{ref_text}<|im_end|>\n")[:, 3:-2]
+        text = torch.cat([talker.text(torch.cat([ref_ids, body], dim=1))[0], self.tts_eos[None]])
+        codes = ref_codes.to(body.device)
+        tables = [talker.model.codec_embedding, *talker.code_predictor.model.codec_embedding]
+        frames = torch.stack([table(codes[:, i]) for i, table in enumerate(tables)], dim=1).sum(1)
+        codec = torch.cat([codec_bos[None], frames])
+        if not stream_text:
+            return torch.cat([text + codec_pad, codec + self.tts_pad]), self.tts_pad[None]
+        if len(text) > len(codec):
+            return text[: len(codec)] + codec, text[len(codec) :]
+        padded = torch.cat([text, self.tts_pad.expand(len(codec) - len(text), -1)])
+        return padded + codec, self.tts_pad[None]
