@@ -83,6 +83,24 @@ def wav_bytes(samples: np.ndarray, sample_rate: int) -> bytes:
     return wav_header(sample_rate, len(samples)) + pcm16_bytes(samples)
 
 
+def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
+    """A PCM16 WAV file (mono, or stereo mixed down) -> (float32 samples, sample rate)."""
+    import io
+    import wave
+
+    try:
+        with wave.open(io.BytesIO(data)) as w:
+            channels, width, rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
+            frames = w.readframes(w.getnframes())
+    except (wave.Error, EOFError) as exc:
+        raise UnsupportedFormat(f"not a readable WAV file: {exc}") from None
+    if width != 2 or channels not in (1, 2):
+        raise UnsupportedFormat(f"WAV must be 16-bit mono or stereo, got {8 * width}-bit with {channels} channels")
+    samples = np.frombuffer(frames[: len(frames) // (2 * channels) * 2 * channels], dtype="<i2").astype(np.float32)
+    samples = samples.reshape(-1, channels).mean(axis=1) / 32767.0
+    return samples.astype(np.float32), rate
+
+
 def check_output(fmt: str, sample_rate: int | None, native_rate: int) -> int:
     """Validate a requested format and rate; return the output sample rate."""
     if fmt not in FORMATS:

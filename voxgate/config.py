@@ -46,6 +46,7 @@ class Settings(BaseSettings):
         default_factory=list, description="Bearer tokens accepted on every endpoint but /healthz; empty = no auth."
     )
     max_request_bytes: int = Field(65536, ge=1024, description="Largest accepted request body.")
+    max_voice_upload_bytes: int = Field(8 << 20, ge=1024, description="Largest POST /v1/voices body.")
     max_text_chars: int = Field(4096, ge=1, description="Longest accepted text, in characters.")
     max_streams: int = Field(64, ge=1, description="Concurrent audio streams for the whole server.")
     max_streams_per_client: int = Field(8, ge=1, description="Concurrent streams per client (API key, else IP).")

@@ -207,6 +207,13 @@ class NotFound(VoxgateError):
     status = 404
 
 
+class NotSupported(VoxgateError):
+    """The engine cannot do this (e.g. voice cloning on a non-Base model)."""
+
+    code = "not_supported"
+    status = 400
+
+
 class TooManyStreams(VoxgateError):
     """The client has too many open streams."""
 

@@ -20,6 +20,7 @@ MODELS = {
     "cv06": "Qwen3-TTS-12Hz-0.6B-CustomVoice",
     "cv17": "Qwen3-TTS-12Hz-1.7B-CustomVoice",
     "vd17": "Qwen3-TTS-12Hz-1.7B-VoiceDesign",
+    "b06": "Qwen3-TTS-12Hz-0.6B-Base",
 }
 
 

@@ -94,3 +94,63 @@ def test_decoded_waveform_matches_official(ours, official):
     got = ours["cv06"].codec.decode(codes)
     assert expected.std() > 0.01 and (expected.abs() >= 1).float().mean() < 0.01  # a real, unclipped signal
     assert ((got - expected).norm() / expected.norm()).item() < 1e-4
+
+
+def _reference_audio(seconds: float = 1.5, seed: int = 0):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(24000 * seconds)) / 24000
+    return (0.3 * np.sin(2 * np.pi * 220 * t) + 0.05 * rng.standard_normal(len(t))).astype(np.float32)
+
+
+def test_speaker_embedding_matches_official(ours, official):
+    wav = _reference_audio()
+    expected = official["b06"].model.extract_speaker_embedding(wav, 24000)
+    got = ours["b06"].speaker.embed(torch.from_numpy(wav))
+    assert ((got - expected).norm() / expected.norm()).item() < 1e-5
+
+
+def _official_clone_codes(tts, text, xvec, ref_codes=None, ref_text=None, stream_text=True):
+    ids = tts.processor(text=_template(text), return_tensors="pt")["input_ids"]
+    ref_ids = None
+    if ref_text is not None:
+        ref_ids = [
+            tts.processor(text=f"<|im_start|>assistant\n{ref_text}<|im_end|>\n", return_tensors="pt")["input_ids"]
+        ]
+    prompt = {"ref_code": [ref_codes], "ref_spk_embedding": [xvec], "x_vector_only_mode": [ref_codes is None],
+              "icl_mode": [ref_codes is not None]}  # fmt: skip
+    codes, _ = tts.model.generate(input_ids=[ids], ref_ids=ref_ids, voice_clone_prompt=prompt, languages=["Auto"],
+                                  non_streaming_mode=not stream_text, do_sample=False, subtalker_dosample=False,
+                                  repetition_penalty=1.05, max_new_tokens=16)  # fmt: skip
+    return codes[0]
+
+
+def test_voice_clone_xvector_only_codes_are_identical(ours, official):
+    xvec = ours["b06"].speaker.embed(torch.from_numpy(_reference_audio(seed=1)))
+    text = "A cloned voice, x-vector only."
+    expected = _official_clone_codes(official["b06"], text, xvec)
+    builder = PromptBuilder(ours["b06"].config, ours["b06"].tokenizer, ours["b06"].talker)
+    prompt = builder.build(text, speaker_embedding=xvec, stream_text=True)
+    got = torch.stack(list(generate_codes(ours["b06"].talker, prompt, SamplingParams.greedy(max_new_tokens=16))))
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize(
+    ("ref_frames", "text", "ref_text", "stream_text"),
+    [
+        (13, "In context cloning.", "This is me speaking.", True),  # text shorter than the reference
+        (4, "A much longer text than the reference has frames for.", "Hi.", True),
+        (9, "Non streaming clone.", "Reference words here.", False),
+    ],
+)
+def test_voice_clone_in_context_codes_are_identical(ours, official, ref_frames, text, ref_text, stream_text):
+    xvec = torch.randn(ours["b06"].config.talker.stack.hidden_size, generator=torch.Generator().manual_seed(2))
+    ref_codes = torch.randint(0, 2048, (ref_frames, 16), generator=torch.Generator().manual_seed(ref_frames))
+    expected = _official_clone_codes(official["b06"], text, xvec, ref_codes, ref_text, stream_text)
+    builder = PromptBuilder(ours["b06"].config, ours["b06"].tokenizer, ours["b06"].talker)
+    prompt = builder.build(
+        text, speaker_embedding=xvec, ref_codes=ref_codes, ref_text=ref_text, stream_text=stream_text
+    )
+    got = torch.stack(list(generate_codes(ours["b06"].talker, prompt, SamplingParams.greedy(max_new_tokens=16))))
+    assert torch.equal(got, expected)

@@ -151,3 +151,34 @@ def test_check_output_rates_and_errors():
         check_output("pcm", 12345, 24000)
     with pytest.raises(UnsupportedSampleRate):
         check_output("mulaw", 16000, 24000)
+
+
+def test_decode_wav_reads_mono_and_mixes_stereo_down():
+    from voxgate.audio import decode_wav
+
+    x = np.linspace(-0.5, 0.5, 100, dtype=np.float32)
+    samples, rate = decode_wav(wav_bytes(x, 16000))
+    assert rate == 16000 and np.allclose(samples, x, atol=1 / 32767)
+    stereo = io.BytesIO()
+    with wave.open(stereo, "wb") as w:
+        w.setnchannels(2)
+        w.setsampwidth(2)
+        w.setframerate(8000)
+        w.writeframes(np.array([1000, 3000] * 10, dtype="<i2").tobytes())
+    mixed, rate = decode_wav(stereo.getvalue())
+    assert rate == 8000 and len(mixed) == 10 and np.allclose(mixed, 2000 / 32767)
+
+
+def test_decode_wav_refuses_what_it_cannot_read():
+    from voxgate.audio import decode_wav
+
+    with pytest.raises(UnsupportedFormat):
+        decode_wav(b"not a wav file at all")
+    eight_bit = io.BytesIO()
+    with wave.open(eight_bit, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(1)
+        w.setframerate(8000)
+        w.writeframes(bytes(100))
+    with pytest.raises(UnsupportedFormat, match="16-bit"):
+        decode_wav(eight_bit.getvalue())

@@ -48,6 +48,17 @@ class Engine(Protocol):
         ...
 
 
+@runtime_checkable
+class VoiceCloner(Protocol):
+    """An engine that can learn new voices from reference audio."""
+
+    def add_voice(self, voice_id: str, audio: np.ndarray, sample_rate: int, ref_text: str | None) -> VoiceInfo:
+        """Register `voice_id` from float mono audio (and its transcript, when known)."""
+        ...
+
+    def remove_voice(self, voice_id: str) -> None: ...
+
+
 def collect(engine: Engine, request: SynthesisRequest, cancel: CancelToken | None = None) -> AudioChunk:
     """Non-streaming synthesis: the concatenated stream as a single chunk."""
     token = cancel or CancelToken()

@@ -100,6 +100,7 @@ class RequestGate:
         self.app = app
         self.keys = [k.encode() for k in settings.api_keys]
         self.max_bytes = settings.max_request_bytes
+        self.max_upload_bytes = settings.max_voice_upload_bytes
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -123,7 +124,8 @@ class RequestGate:
 
         try:
             key = self._authorise(path, headers.get(b"authorization", b""))
-            body = await self._read_body(receive, headers.get(b"content-length"))
+            limit = self.max_upload_bytes if path == "/v1/voices" else self.max_bytes
+            body = await self._read_body(receive, headers.get(b"content-length"), limit)
         except VoxgateError as exc:
             await error_response(exc, self.metrics)(scope, receive, counted_send)
             return
@@ -142,9 +144,9 @@ class RequestGate:
                 return f"key{index}"  # the client identity for per-client limits, never the key itself
         raise Unauthorized("the API key is not valid")
 
-    async def _read_body(self, receive: Receive, content_length: bytes | None) -> bytes:
-        if content_length is not None and content_length.isdigit() and int(content_length) > self.max_bytes:
-            raise RequestTooLarge(f"the body is {int(content_length)} bytes; the limit is {self.max_bytes}")
+    async def _read_body(self, receive: Receive, content_length: bytes | None, limit: int) -> bytes:
+        if content_length is not None and content_length.isdigit() and int(content_length) > limit:
+            raise RequestTooLarge(f"the body is {int(content_length)} bytes; the limit is {limit}")
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -153,8 +155,8 @@ class RequestGate:
                 break  # client gone before sending the body; the route will see the disconnect
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_bytes:
-                raise RequestTooLarge(f"the body exceeds the limit of {self.max_bytes} bytes")
+            if size > limit:
+                raise RequestTooLarge(f"the body exceeds the limit of {limit} bytes")
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break

@@ -13,13 +13,23 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from voxgate.audio import StreamEncoder, split_bytes
-from voxgate.serving.protocol import SpeechBody, TTSStreamBody, error_of, parse_body
+from voxgate.audio import StreamEncoder, decode_wav, split_bytes
+from voxgate.engines.base import VoiceCloner
+from voxgate.serving.protocol import SpeechBody, TTSStreamBody, VoiceUpload, error_of, parse_body
 from voxgate.serving.starter import StarterHit
 from voxgate.serving.state import ServerState, StreamPlan
 from voxgate.serving.stream import AudioStreamResponse, DisconnectWatch, EngineStream, StreamOutcome
-from voxgate.text import count_units
-from voxgate.types import AudioChunk, InvalidRequest, Timing, UnknownModel, UnsupportedFormat, VoxgateError
+from voxgate.text import check_text, count_units
+from voxgate.types import (
+    AudioChunk,
+    InvalidRequest,
+    NotSupported,
+    Timing,
+    UnknownModel,
+    UnsupportedFormat,
+    VoiceInfo,
+    VoxgateError,
+)
 
 router = APIRouter()
 OPENAI_RATE = 24000  # OpenAI's pcm is 24 kHz, 16-bit, mono
@@ -86,11 +96,41 @@ async def audio_speech(request: Request) -> Response:
 async def voices(request: Request) -> JSONResponse:
     state = state_of(request)
     engine = state.require_engine()
-    listed = [
-        {"id": v.id, "engine": v.engine, "languages": list(v.languages), "description": v.description}
-        for v in engine.voices()
-    ]
+    listed = [_voice_json(v) for v in engine.voices()]
     return JSONResponse({"voices": listed, "default": state.default_voice(), "aliases": state.settings.voice_aliases})
+
+
+@router.post("/v1/voices", status_code=201, openapi_extra=_json_body(VoiceUpload))
+async def add_voice(request: Request) -> JSONResponse:
+    """Clone a voice from reference audio (and its transcript for in-context cloning)."""
+    state = state_of(request)
+    engine = state.require_engine()
+    body = parse_body(VoiceUpload, await request.body())
+    if not isinstance(engine, VoiceCloner):
+        raise NotSupported(f"the {engine.name} engine cannot clone voices")
+    try:
+        wav = base64.b64decode(body.audio, validate=True)
+    except ValueError:
+        raise InvalidRequest("audio must be base64") from None
+    samples, rate = decode_wav(wav)
+    if body.text is not None:
+        check_text(body.text, state.settings.max_text_chars)
+    loop = asyncio.get_running_loop()
+    info = await loop.run_in_executor(state.executor, engine.add_voice, body.id, samples, rate, body.text)
+    return JSONResponse(_voice_json(info), status_code=201)
+
+
+@router.delete("/v1/voices/{voice_id}", status_code=204)
+async def remove_voice(voice_id: str, request: Request) -> Response:
+    engine = state_of(request).require_engine()
+    if not isinstance(engine, VoiceCloner):
+        raise NotSupported(f"the {engine.name} engine cannot clone voices")
+    engine.remove_voice(voice_id)
+    return Response(status_code=204)
+
+
+def _voice_json(v: VoiceInfo) -> dict[str, Any]:
+    return {"id": v.id, "engine": v.engine, "languages": list(v.languages), "description": v.description}
 
 
 @router.get("/healthz")

@@ -26,6 +26,16 @@ class TTSStreamBody(BaseModel):
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
 
 
+class VoiceUpload(BaseModel):
+    """`POST /v1/voices`: clone a voice from a reference recording (Base models)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    audio: str = Field(description="base64 of a 16-bit PCM WAV file, 0.5-30 s")
+    text: str | None = Field(None, max_length=2000, description="transcript; enables in-context cloning")
+
+
 class VoiceRef(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     id: str

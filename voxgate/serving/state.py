@@ -67,8 +67,8 @@ class ServerState:
             if self.engine is None:
                 self.engine = create_engine(self.settings.engine, self.settings)
             voices = [v.id for v in self.engine.voices()]
-            if self.default_voice() not in voices:
-                raise UnknownVoice(f"VOXGATE_DEFAULT_VOICE={self.default_voice()!r} is not one of {', '.join(voices)}")
+            if self.settings.default_voice and self.settings.default_voice not in voices:
+                raise UnknownVoice(f"VOXGATE_DEFAULT_VOICE={self.settings.default_voice!r} is not one of {voices}")
             if self.settings.warmup:
                 self.engine.warmup()
             if self.settings.starter_cache:
@@ -85,6 +85,8 @@ class ServerState:
 
     def _fill_starters(self, engine: Engine) -> None:
         voice = self.default_voice()
+        if voice is None:  # e.g. a voice-clone model before any voice is registered
+            return
         info = next(v for v in engine.voices() if v.id == voice)
         for phrase in self.settings.starter_phrases:
             if not self._speaks(info, phrase):
@@ -113,9 +115,10 @@ class ServerState:
             raise NotReady("the server is warming up; poll GET /healthz")
         return self.engine
 
-    def default_voice(self) -> str:
+    def default_voice(self) -> str | None:
         assert self.engine is not None  # internal invariant: called only once the engine exists
-        return self.settings.default_voice or self.engine.voices()[0].id
+        voices = self.engine.voices()
+        return self.settings.default_voice or (voices[0].id if voices else None)
 
     def plan(
         self,
@@ -135,6 +138,8 @@ class ServerState:
         check_text(text, self.settings.max_text_chars)
         if voice is None or voice in self.settings.voice_aliases:
             voice = self.default_voice()
+            if voice is None:
+                raise UnknownVoice("this engine has no voices yet; register one with POST /v1/voices")
         request = SynthesisRequest(
             text=text,
             voice=voice,

@@ -14,15 +14,26 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from voxgate.audio import resample
 from voxgate.config import Settings
 from voxgate.engines.qwen3.codec import DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.generate import generate_codes, max_frames_for
 from voxgate.engines.qwen3.loader import Qwen3Checkpoint, load_checkpoint
 from voxgate.engines.qwen3.prompt import PromptBuilder
-from voxgate.types import AudioChunk, CancelToken, EngineFailure, InvalidRequest, SynthesisRequest, VoiceInfo
+from voxgate.engines.qwen3.voices import VoiceStore
+from voxgate.types import (
+    AudioChunk,
+    CancelToken,
+    EngineFailure,
+    InvalidRequest,
+    NotSupported,
+    SynthesisRequest,
+    VoiceInfo,
+)
 
 log = logging.getLogger(__name__)
 SAMPLE_RATE = 24000
@@ -43,19 +54,51 @@ class Qwen3Engine:
         self.sampling = sampling or SamplingParams.from_generation_config(checkpoint.generation)
         self.prompts = PromptBuilder(checkpoint.config, checkpoint.tokenizer, checkpoint.talker)
         self._lock = threading.Lock()  # one stream at a time on this eager engine (batching: issue 4)
-        kind = checkpoint.config.model_type
-        if kind == "custom_voice":
+        self.kind = checkpoint.config.model_type
+        self.clones: VoiceStore | None = None
+        self._voices: list[VoiceInfo] = []
+        if self.kind == "custom_voice":
             speakers = sorted(checkpoint.config.talker.speaker_ids)
             self._voices = [VoiceInfo(s, self.name, ("*",), "Qwen3-TTS CustomVoice speaker") for s in speakers]
-        elif kind == "voice_design":
+        elif self.kind == "voice_design":
             self._voices = [VoiceInfo(DESIGN_VOICE, self.name, ("*",), "described by the request's instructions")]
+        elif checkpoint.speaker is not None:
+            encoder = checkpoint.encoder
+            encode = None if encoder is None else (lambda wav: encoder.encode(wav.reshape(1, -1))[0].T)
+            self.clones = VoiceStore(checkpoint.speaker.embed, encode)
         else:
-            raise EngineFailure(f"{kind!r} checkpoints (voice clone) are not supported by the qwen3 engine yet")
+            raise EngineFailure(f"unsupported Qwen3-TTS model type {self.kind!r}")
 
     def voices(self) -> list[VoiceInfo]:
-        return list(self._voices)
+        if self.clones is None:
+            return list(self._voices)
+        return [VoiceInfo(v.voice_id, self.name, ("*",), f"cloned voice ({v.mode}, {v.duration_s:.1f} s reference)")
+                for v in self.clones.all()]  # fmt: skip
+
+    def add_voice(self, voice_id: str, audio: np.ndarray, sample_rate: int, ref_text: str | None) -> VoiceInfo:
+        """Clone a voice from reference audio: in-context with its transcript, else x-vector only."""
+        if self.clones is None:
+            raise NotSupported(f"voice cloning needs a Base checkpoint; this is {self.kind!r}")
+        audio_24k = resample(np.asarray(audio, dtype=np.float32), sample_rate, SAMPLE_RATE)
+        with self._lock:
+            voice, computed = self.clones.add(voice_id, audio_24k, ref_text, icl=bool(ref_text))
+        log.info("voice %s (%s) %s", voice_id, voice.mode, "registered" if computed else "unchanged (cached)")
+        return next(v for v in self.voices() if v.id == voice_id)
+
+    def remove_voice(self, voice_id: str) -> None:
+        if self.clones is None:
+            raise NotSupported(f"voice cloning needs a Base checkpoint; this is {self.kind!r}")
+        self.clones.remove(voice_id)
 
     def warmup(self) -> None:
+        if self.clones is not None:  # no voices yet: warm up on a neutral x-vector
+            hidden = self.ck.config.talker.stack.hidden_size
+            zero = torch.zeros(hidden, dtype=self.ck.talker.codec_head.weight.dtype)
+            prompt = self.prompts.build("Warm up.", speaker_embedding=zero, stream_text=True)
+            frames = generate_codes(self.ck.talker, prompt, self.sampling, CancelToken(), max_new_tokens=3)
+            for _ in self._decode_packets(frames, CancelToken()):
+                pass
+            return
         for _ in self.stream(SynthesisRequest(text="Warm up.", voice=self._voices[0].id), CancelToken()):
             pass
 
@@ -64,12 +107,23 @@ class Qwen3Engine:
         design = self.ck.config.model_type == "voice_design"
         if design and not request.instructions:
             raise InvalidRequest("a VoiceDesign model needs `instructions` describing the voice")
-        prompt = self.prompts.build(
-            request.text,
-            speaker=None if design else request.voice,
-            language=language,
-            instruct=request.instructions,
-        )
+        if self.clones is not None:
+            voice = self.clones.get(request.voice)
+            prompt = self.prompts.build(
+                request.text,
+                speaker_embedding=voice.speaker_embedding,
+                ref_codes=voice.ref_codes,
+                ref_text=voice.ref_text,
+                language=language,
+                stream_text=True,
+            )
+        else:
+            prompt = self.prompts.build(
+                request.text,
+                speaker=None if design else request.voice,
+                language=language,
+                instruct=request.instructions,
+            )
         params = self.sampling if request.seed is None else _with_seed(self.sampling, request.seed)
         text_tokens = len(self.ck.tokenizer.encode(request.text, add_special_tokens=False).ids)
         limit = max_frames_for(text_tokens, params)

@@ -7,6 +7,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -50,6 +51,7 @@ class Qwen3Checkpoint:
     tokenizer: Tokenizer
     model_dir: Path
     speaker: SpeakerEncoder | None = None  # Base (voice clone) models only
+    encoder: Any = None  # the codec encoder (audio -> reference codes), when the checkpoint has one
 
 
 def check_layout(model_dir: Path) -> None:

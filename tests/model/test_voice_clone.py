@@ -1,0 +1,125 @@
+"""Voice cloning on a Base model: the voice cache, the engine, and POST/GET/DELETE /v1/voices."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from voxgate.audio import wav_bytes
+from voxgate.bench.server import ServerProcess
+from voxgate.engines.qwen3.config import SamplingParams
+from voxgate.engines.qwen3.engine import Qwen3Engine
+from voxgate.engines.qwen3.voices import VoiceStore
+from voxgate.types import CancelToken, InvalidRequest, NotFound, NotSupported, SynthesisRequest, UnknownVoice
+
+
+def _voice_audio(seconds: float = 1.5, rate: int = 24000, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(rate * seconds)) / rate
+    return (0.3 * np.sin(2 * np.pi * 180 * t) + 0.05 * rng.standard_normal(len(t))).astype(np.float32)
+
+
+def test_voice_store_computes_each_voice_once():
+    calls = []
+
+    def embed(wav: torch.Tensor) -> torch.Tensor:
+        calls.append(len(wav))
+        return torch.ones(4)
+
+    store = VoiceStore(embed, encode=None)
+    audio = _voice_audio()
+    first, computed = store.add("alice", audio, None, icl=False)
+    again, computed_again = store.add("alice", audio, None, icl=False)
+    assert computed and not computed_again and again is first and len(calls) == 1
+    _, changed = store.add("alice", _voice_audio(seed=1), None, icl=False)
+    assert changed and len(calls) == 2
+    with pytest.raises(InvalidRequest, match="codec encoder"):
+        store.add("bob", audio, "transcript", icl=True)
+    with pytest.raises(InvalidRequest, match="must last"):
+        store.add("carol", audio[:1000], None, icl=False)
+    store.remove("alice")
+    with pytest.raises(UnknownVoice):
+        store.get("alice")
+    with pytest.raises(NotFound):
+        store.remove("alice")
+
+
+def test_base_engine_speaks_a_registered_voice(ours):
+    engine = Qwen3Engine(ours["b06"], sampling=SamplingParams.greedy(max_new_tokens=6))
+    assert engine.voices() == []
+    engine.warmup()
+    info = engine.add_voice("alice", _voice_audio(rate=16000), 16000, None)  # resampled to 24 kHz
+    assert info.id == "alice" and "xvector" in info.description
+    audio = b"".join(
+        c.samples.tobytes() for c in engine.stream(SynthesisRequest(text="Hi.", voice="alice"), CancelToken())
+    )
+    assert len(audio) == 5 * 1920 * 4
+    with pytest.raises(UnknownVoice):
+        list(engine.stream(SynthesisRequest(text="Hi.", voice="nobody"), CancelToken()))
+
+
+def test_custom_voice_engine_cannot_clone(ours):
+    engine = Qwen3Engine(ours["cv06"], sampling=SamplingParams.greedy(max_new_tokens=3))
+    with pytest.raises(NotSupported):
+        engine.add_voice("x", _voice_audio(), 24000, None)
+
+
+@pytest.fixture(scope="module")
+def base_server(tiny_dirs):
+    env = {"QWEN3_MODEL_DIR": str(tiny_dirs["b06"]), "STARTER_CACHE": "false"}
+    with ServerProcess("qwen3", env=env) as server:
+        yield server
+
+
+def _upload(server, voice_id: str, audio: np.ndarray, rate: int = 24000, text: str | None = None) -> httpx.Response:
+    body = {"id": voice_id, "audio": base64.b64encode(wav_bytes(audio, rate)).decode()}
+    if text is not None:
+        body["text"] = text
+    return httpx.post(f"{server.url}/v1/voices", json=body, timeout=120)
+
+
+def test_clone_voice_over_http_then_speak_and_delete_it(base_server):
+    url = base_server.url
+    before = httpx.post(f"{url}/tts/stream", json={"text": "No voices yet."})
+    assert before.status_code == 400 and before.json()["error"]["code"] == "unknown_voice"
+    created = _upload(base_server, "alice", _voice_audio())
+    assert created.status_code == 201 and created.json()["id"] == "alice"
+    assert [v["id"] for v in httpx.get(f"{url}/v1/voices").json()["voices"]] == ["alice"]
+    t0 = time.perf_counter()
+    assert _upload(base_server, "alice", _voice_audio()).status_code == 201  # unchanged: served from the cache
+    assert time.perf_counter() - t0 < 5
+    spoken = httpx.post(f"{url}/tts/stream", json={"text": "Cloned.", "voice": "alice", "seed": 1}, timeout=120)
+    assert spoken.status_code == 200 and len(spoken.content) > 0 and len(spoken.content) % (1920 * 2) == 0
+    assert httpx.delete(f"{url}/v1/voices/alice").status_code == 204
+    gone = httpx.delete(f"{url}/v1/voices/alice")
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "not_found"
+    after = httpx.post(f"{url}/tts/stream", json={"text": "Gone.", "voice": "alice"})
+    assert after.status_code == 400 and after.json()["error"]["code"] == "unknown_voice"
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"id": "bad id!", "audio": "AAAA"}, "invalid_request"),
+        ({"id": "x", "audio": "***not base64***"}, "invalid_request"),
+        ({"id": "x", "audio": base64.b64encode(b"RIFF....garbage").decode()}, "unsupported_format"),
+        (
+            {"id": "x", "audio": base64.b64encode(wav_bytes(np.zeros(1000, np.float32), 24000)).decode()},
+            "invalid_request",
+        ),
+        ({"id": "x"}, "invalid_request"),
+    ],
+)
+def test_bad_voice_uploads_get_typed_errors(base_server, body, code):
+    r = httpx.post(f"{base_server.url}/v1/voices", json=body)
+    assert r.status_code == 400 and r.json()["error"]["code"] == code
+
+
+def test_engines_that_cannot_clone_say_so(tone_server):
+    r = httpx.post(f"{tone_server.url}/v1/voices", json={"id": "x", "audio": "AAAA"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "not_supported"
