@@ -9,13 +9,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 from voxgate import __version__
-from voxgate.config import Settings
+
+if TYPE_CHECKING:  # the CLI imports each command's needs lazily (bench tts runs without the server's)
+    from voxgate.config import Settings
 
 
 def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
     """Settings from the environment, with command-line flags taking precedence; an
     unknown engine name is refused here, before anything starts."""
+    from voxgate.config import Settings
     from voxgate.engines.registry import engine_names
     from voxgate.types import UnknownEngine
 

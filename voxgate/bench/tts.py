@@ -112,7 +112,13 @@ def run_tts_bench(args: argparse.Namespace) -> int:
         "date": stamp.isoformat(timespec="seconds"),
         "command": "voxgate bench tts " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
                                                    if k not in ("func", "command", "bench") and v is not None),
-        "machine": {**machine(), "torch": torch.__version__, "device": args.device, "dtype": args.dtype},
+        "machine": {
+            **machine(),
+            "torch": torch.__version__,
+            "device": args.device,
+            "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+            "dtype": args.dtype,
+        },
         "model": ck.model_dir.name,
         "model_type": ck.config.model_type,
         "result": result,
