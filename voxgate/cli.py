@@ -7,9 +7,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from voxgate import __version__
 

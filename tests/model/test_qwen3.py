@@ -133,3 +133,11 @@ def test_loader_reports_an_unreadable_config(tiny_dirs, tmp_path):
     (bad / "config.json").write_text(json.dumps({"talker_config": {}}))
     with pytest.raises(CheckpointError, match="unreadable config"):
         load_checkpoint(bad)
+
+
+def test_leading_newlines_do_not_break_the_prompt(ours):
+    ck = ours["cv06"]
+    builder = PromptBuilder(ck.config, ck.tokenizer, ck.talker)
+    plain = builder.build("Hello there.", speaker="vivian")
+    newline = builder.build("\n\nHello there.", speaker="vivian")
+    assert torch.equal(plain.embeds, newline.embeds)

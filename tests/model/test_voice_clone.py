@@ -123,3 +123,22 @@ def test_bad_voice_uploads_get_typed_errors(base_server, body, code):
 def test_engines_that_cannot_clone_say_so(tone_server):
     r = httpx.post(f"{tone_server.url}/v1/voices", json={"id": "x", "audio": "AAAA"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "not_supported"
+
+
+def test_in_context_voice_uses_reference_codes_from_our_encoder(ours):
+    ck = ours["b06"]
+    assert ck.encoder is not None
+    engine = Qwen3Engine(ck, sampling=SamplingParams.greedy(max_new_tokens=6))
+    info = engine.add_voice("bob", _voice_audio(seconds=2.0, seed=4), 24000, "This is how I sound.")
+    assert "icl" in info.description
+    voice = engine.clones.get("bob")
+    assert voice.ref_codes is not None and voice.ref_codes.shape == (25, 16)  # ceil(48000 / 1920)
+    chunks = list(engine.stream(SynthesisRequest(text="Hello.", voice="bob"), CancelToken()))
+    assert sum(len(c.samples) for c in chunks) == 5 * 1920
+
+
+def test_clone_in_context_over_http(base_server):
+    created = _upload(base_server, "carol", _voice_audio(seconds=1.2, seed=5), text="A short reference.")
+    assert created.status_code == 201 and "icl" in created.json()["description"]
+    spoken = httpx.post(f"{base_server.url}/tts/stream", json={"text": "Hi.", "voice": "carol", "seed": 3}, timeout=120)
+    assert spoken.status_code == 200 and len(spoken.content) % (1920 * 2) == 0

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from voxgate.engines.qwen3.codec import CodecDecoder, CodecDecoderConfig
+from voxgate.engines.qwen3.codec_encoder import CodecEncoder, CodecEncoderConfig
 from voxgate.engines.qwen3.config import Qwen3TTSConfig
 from voxgate.engines.qwen3.speaker import SpeakerEncoder, SpeakerEncoderConfig
 from voxgate.engines.qwen3.talker import Talker
@@ -37,6 +38,9 @@ TINY_PREDICTOR = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layer
                   "num_key_value_heads": 1, "head_dim": 32, "layer_types": ["full_attention"] * 2}  # fmt: skip
 TINY_SPEAKER = {"enc_dim": 128, "enc_channels": [32, 32, 32, 32, 96], "enc_attention_channels": 16,
                 "enc_se_channels": 16}  # fmt: skip
+TINY_ENCODER = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                "num_key_value_heads": 2, "head_dim": 16, "num_filters": 4, "codebook_dim": 16,
+                "vector_quantization_hidden_dimension": 16, "upsample_groups": 32}  # fmt: skip
 TINY_CODEC = {"codebook_dim": 64, "latent_dim": 64, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
               "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 32, "decoder_dim": 512}  # fmt: skip
 
@@ -46,28 +50,34 @@ def default_config_root() -> Path:
     return Path(__file__).resolve().parents[4] / "shared" / "qwen3-tts"
 
 
-def _randomise(module: nn.Module, generator: torch.Generator, quiet: tuple[str, ...] = ()) -> None:
-    """Every tensor random and non-zero; scale by role so signals neither vanish nor blow up."""
+def randomise(
+    module: nn.Module, generator: torch.Generator, quiet: tuple[str, ...] = (), layer_scale: float = 0.1
+) -> None:
+    """Every persistent tensor (parameters and codebook buffers) random and non-zero, scaled
+    by role so signals neither vanish nor blow up; names containing a `quiet` part get 0.3x."""
     with torch.no_grad():
-        for name, p in module.named_parameters():
+        for name, t in module.state_dict().items():
             leaf = name.rsplit(".", 1)[-1]
-            if "cluster_usage" in name:
-                value = torch.rand(p.shape, generator=generator) + 0.5
-            elif "embedding_sum" in name or isinstance(_owner(module, name), nn.Embedding):
-                value = torch.randn(p.shape, generator=generator)
-            elif "norm" in name and leaf in ("weight",) and p.dim() == 1:
-                value = 1 + 0.1 * torch.randn(p.shape, generator=generator)
+            if leaf == "initialized":
+                value = torch.ones(t.shape)
+            elif leaf == "cluster_usage":
+                value = torch.rand(t.shape, generator=generator) + 0.5
+            elif leaf in ("embedding_sum", "embed_sum") or isinstance(_owner(module, name), nn.Embedding):
+                value = torch.randn(t.shape, generator=generator)
+            elif "norm" in name and leaf == "weight" and t.dim() == 1:
+                value = 1 + 0.1 * torch.randn(t.shape, generator=generator)
             elif leaf in ("scale", "gamma"):
-                value = 0.1 + 0.02 * torch.randn(p.shape, generator=generator)
-            elif p.dim() == 1:  # biases, snake alpha/beta
-                value = (0.1 if leaf in ("alpha", "beta") else 0.02) * torch.randn(p.shape, generator=generator)
+                value = layer_scale + 0.2 * layer_scale * torch.randn(t.shape, generator=generator)
+            elif t.dim() == 1:  # biases, snake alpha/beta
+                value = (0.1 if leaf in ("alpha", "beta") else 0.02) * torch.randn(t.shape, generator=generator)
             else:
-                fan_in = p[0].numel() if not isinstance(_owner(module, name), nn.ConvTranspose1d) else p.shape[0]
-                value = torch.randn(p.shape, generator=generator) / fan_in**0.5
+                transposed = isinstance(_owner(module, name), nn.ConvTranspose1d)
+                fan_in = t.shape[0] if transposed else t[0].numel()
+                value = torch.randn(t.shape, generator=generator) / fan_in**0.5
                 if any(q in name for q in quiet):
                     value *= 0.3
             value[value == 0] = 1e-3
-            p.copy_(value)
+            t.copy_(value.to(t.dtype))
 
 
 def _owner(module: nn.Module, name: str) -> nn.Module:
@@ -98,23 +108,27 @@ def make_random_checkpoint(
         if raw.get("speaker_encoder_config"):
             raw["speaker_encoder_config"].update(TINY_SPEAKER)
         codec_raw["decoder_config"].update(TINY_CODEC)
+        codec_raw["encoder_config"].update(TINY_ENCODER)
     (out / "config.json").write_text(json.dumps(raw, indent=2))
     (out / "speech_tokenizer/config.json").write_text(json.dumps(codec_raw, indent=2))
 
     generator = torch.Generator().manual_seed(seed)
     config = Qwen3TTSConfig.from_dict(raw)
     talker = Talker(config.talker)
-    _randomise(talker, generator)
+    randomise(talker, generator)
     state = {f"talker.{k}": v.contiguous() for k, v in talker.state_dict().items()}
     if config.model_type == "base":
         speaker = SpeakerEncoder(SpeakerEncoderConfig.from_dict(config.speaker_encoder))
-        _randomise(speaker, generator)
+        randomise(speaker, generator)
         state.update({f"speaker_encoder.{k}": v.contiguous() for k, v in speaker.state_dict().items()})
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     del talker, state
     codec = CodecDecoder(CodecDecoderConfig.from_dict(codec_raw["decoder_config"]))
-    _randomise(codec, generator, quiet=(".conv1.", ".conv2.", "block.1.conv"))  # keeps the wav unclipped
+    randomise(codec, generator, quiet=(".conv1.", ".conv2.", "block.1.conv"))  # keeps the wav unclipped
     codec_state = {f"decoder.{k}": v.contiguous() for k, v in codec.state_dict().items()}
+    encoder = CodecEncoder(CodecEncoderConfig.from_dict(codec_raw["encoder_config"]))
+    randomise(encoder, generator, layer_scale=0.5)  # large enough that attention visibly matters
+    codec_state.update({f"encoder.{k}": v.contiguous() for k, v in encoder.state_dict().items()})
     save_file(codec_state, str(out / "speech_tokenizer/model.safetensors"), metadata={"format": "pt"})
     log.info("wrote random %s%s checkpoint to %s", model, " (tiny)" if tiny else "", out)
     return out

@@ -91,15 +91,17 @@ class Qwen3Engine:
         self.clones.remove(voice_id)
 
     def warmup(self) -> None:
-        if self.clones is not None:  # no voices yet: warm up on a neutral x-vector
+        """A few frames through every stage (prompt, talker, code predictor, decoder)."""
+        if self.clones is not None:  # no voices yet: a neutral x-vector
             hidden = self.ck.config.talker.stack.hidden_size
             zero = torch.zeros(hidden, dtype=self.ck.talker.codec_head.weight.dtype)
             prompt = self.prompts.build("Warm up.", speaker_embedding=zero, stream_text=True)
-            frames = generate_codes(self.ck.talker, prompt, self.sampling, CancelToken(), max_new_tokens=3)
-            for _ in self._decode_packets(frames, CancelToken()):
-                pass
-            return
-        for _ in self.stream(SynthesisRequest(text="Warm up.", voice=self._voices[0].id), CancelToken()):
+        elif self.kind == "voice_design":
+            prompt = self.prompts.build("Warm up.", instruct="A clear voice.")
+        else:
+            prompt = self.prompts.build("Warm up.", speaker=self._voices[0].id)
+        frames = generate_codes(self.ck.talker, prompt, self.sampling, CancelToken(), max_new_tokens=4)
+        for _ in self._decode_packets(frames, CancelToken()):
             pass
 
     def stream(self, request: SynthesisRequest, cancel: CancelToken) -> Iterator[AudioChunk]:

@@ -7,7 +7,6 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -15,6 +14,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from voxgate.engines.qwen3.codec import CodecDecoder, CodecDecoderConfig
+from voxgate.engines.qwen3.codec_encoder import CodecEncoder, CodecEncoderConfig
 from voxgate.engines.qwen3.config import Qwen3TTSConfig
 from voxgate.engines.qwen3.prompt import load_text_tokenizer
 from voxgate.engines.qwen3.speaker import SpeakerEncoder, SpeakerEncoderConfig
@@ -51,7 +51,7 @@ class Qwen3Checkpoint:
     tokenizer: Tokenizer
     model_dir: Path
     speaker: SpeakerEncoder | None = None  # Base (voice clone) models only
-    encoder: Any = None  # the codec encoder (audio -> reference codes), when the checkpoint has one
+    encoder: CodecEncoder | None = None  # audio -> reference codes (Base models with an encoder)
 
 
 def check_layout(model_dir: Path) -> None:
@@ -102,7 +102,15 @@ def load_checkpoint(model_dir: Path, device: str = "cpu", dtype: torch.dtype = t
         load_weights(speaker, weights, "speaker_encoder.")
         speaker.to(device=device, dtype=dtype).eval()
     del weights
-    load_weights(codec, load_file(model_dir / "speech_tokenizer/model.safetensors"), "decoder.")
+    codec_weights = load_file(model_dir / "speech_tokenizer/model.safetensors")
+    load_weights(codec, codec_weights, "decoder.")
+    encoder = None
+    if speaker is not None and any(k.startswith("encoder.") for k in codec_weights):
+        raw = json.loads((model_dir / "speech_tokenizer/config.json").read_text())
+        encoder = CodecEncoder(CodecEncoderConfig.from_dict(raw["encoder_config"]))
+        load_weights(encoder, codec_weights, "encoder.")
+        encoder.to(device=device).eval()  # fp32 always: in bf16 the nearest codebook entries drift
+    del codec_weights
     talker.to(device=device, dtype=dtype).eval()
     codec.to(device=device, dtype=dtype).eval()
     tokenizer = load_text_tokenizer(model_dir)
@@ -110,4 +118,4 @@ def load_checkpoint(model_dir: Path, device: str = "cpu", dtype: torch.dtype = t
     log.info(
         "loaded %s (%s, %s) in %.1f s", model_dir.name, config.model_type, config.model_size, time.perf_counter() - t0
     )
-    return Qwen3Checkpoint(config, generation, talker, codec, tokenizer, model_dir, speaker)
+    return Qwen3Checkpoint(config, generation, talker, codec, tokenizer, model_dir, speaker, encoder)

@@ -103,6 +103,9 @@ class PromptBuilder:
         t, talker = self.cfg.talker, self.talker
         if not text.strip():
             raise EmptyText("text is empty")
+        # A leading newline would merge with the template's into one token and shift the
+        # reference's fixed slicing (it mis-slices such texts); leading newlines carry no speech.
+        text = text.lstrip("\r\n")
         ids = self._ids(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
         if ids.shape[1] <= 8:
             raise InvalidRequest("the text tokenizes to nothing")
