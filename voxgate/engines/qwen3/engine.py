@@ -22,6 +22,7 @@ from voxgate.config import Settings
 from voxgate.engines.qwen3.codec import DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.generate import generate_codes, max_frames_for
+from voxgate.engines.qwen3.graphs import StaticDecoder
 from voxgate.engines.qwen3.loader import Qwen3Checkpoint, load_checkpoint
 from voxgate.engines.qwen3.prompt import PromptBuilder
 from voxgate.engines.qwen3.voices import VoiceStore
@@ -46,13 +47,23 @@ class Qwen3Engine:
     name = "qwen3"
     sample_rate = SAMPLE_RATE
 
-    def __init__(self, checkpoint: Qwen3Checkpoint, packet_frames: int = 1, sampling: SamplingParams | None = None):
+    def __init__(
+        self,
+        checkpoint: Qwen3Checkpoint,
+        packet_frames: int = 1,
+        sampling: SamplingParams | None = None,
+        cuda_graphs: bool = True,
+    ):
         if packet_frames < 1:
             raise ValueError("packet_frames must be >= 1")
         self.ck = checkpoint
         self.packet_frames = packet_frames
         self.sampling = sampling or SamplingParams.from_generation_config(checkpoint.generation)
         self.prompts = PromptBuilder(checkpoint.config, checkpoint.tokenizer, checkpoint.talker)
+        # On a GPU the decode loop runs through fixed-shape CUDA graphs captured here, at start-up.
+        self.static: StaticDecoder | None = None
+        if cuda_graphs and checkpoint.talker.codec_head.weight.device.type == "cuda":
+            self.static = StaticDecoder(checkpoint.talker, self.sampling)
         self._lock = threading.Lock()  # one stream at a time on this eager engine (batching: issue 4)
         self.kind = checkpoint.config.model_type
         self.clones: VoiceStore | None = None
@@ -130,7 +141,11 @@ class Qwen3Engine:
         text_tokens = len(self.ck.tokenizer.encode(request.text, add_special_tokens=False).ids)
         limit = max_frames_for(text_tokens, params)
         with self._lock:
-            yield from self._decode_packets(generate_codes(self.ck.talker, prompt, params, cancel, limit), cancel)
+            if self.static is not None:
+                frames = self.static.generate(prompt, cancel, limit, request.seed)
+            else:
+                frames = generate_codes(self.ck.talker, prompt, params, cancel, limit)
+            yield from self._decode_packets(frames, cancel)
 
     def _decode_packets(self, frames: Iterator[torch.Tensor], cancel: CancelToken) -> Iterator[AudioChunk]:
         state = DecoderState()
@@ -166,4 +181,4 @@ def create(settings: Settings) -> Qwen3Engine:
         raise EngineFailure("set VOXGATE_QWEN3_MODEL_DIR to a Qwen3-TTS checkpoint directory")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[settings.qwen3_dtype]
     checkpoint = load_checkpoint(Path(settings.qwen3_model_dir), settings.qwen3_device, dtype)
-    return Qwen3Engine(checkpoint, settings.qwen3_packet_frames)
+    return Qwen3Engine(checkpoint, settings.qwen3_packet_frames, cuda_graphs=settings.qwen3_cuda_graphs)

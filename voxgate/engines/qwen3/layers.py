@@ -53,13 +53,15 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         cache: KVCache,
         layer: int,
-        start: int,
+        start: int | torch.Tensor,
     ) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
+        if isinstance(start, torch.Tensor):
+            return self.o_proj(self._fixed_shape_step(q, k, v, cache, layer, start))
         end = start + t
         cache.k[layer, :, :, start:end] = k
         cache.v[layer, :, :, start:end] = v
@@ -72,6 +74,22 @@ class Attention(nn.Module):
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         out = torch.matmul(probs, values).transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
         return self.o_proj(out)
+
+    def _fixed_shape_step(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int, position: torch.Tensor
+    ) -> torch.Tensor:
+        """One new position given as a device tensor: the same shapes on every call (CUDA
+        graphs), attention over the whole cache with later slots masked, GQA without copies."""
+        b = q.shape[0]
+        cache.k[layer].index_copy_(2, position.view(1), k)
+        cache.v[layer].index_copy_(2, position.view(1), v)
+        groups = self.heads // self.kv_heads
+        qg = q.reshape(b, self.kv_heads, groups, self.head_dim)
+        scores = torch.matmul(qg, cache.k[layer].transpose(2, 3)) * self.head_dim**-0.5  # (B, KV, G, C)
+        later = torch.arange(cache.capacity, device=q.device) > position
+        scores = scores.masked_fill(later, float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(probs, cache.v[layer]).reshape(b, 1, self.heads * self.head_dim)
 
 
 class MLP(nn.Module):
@@ -108,13 +126,13 @@ class DecoderStack(nn.Module):
         )
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def rope(self, start: int, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        positions = torch.arange(start, start + length, device=self.inv_freq.device, dtype=torch.float32)
+    def rope(self, start: int | torch.Tensor, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(length, device=self.inv_freq.device, dtype=torch.float32) + start
         freqs = positions[:, None] * self.inv_freq.float()[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def forward(self, x: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache, start: int | torch.Tensor) -> torch.Tensor:
         cos, sin = self.rope(start, x.shape[1], x.dtype)
         for i, layer in enumerate(self.layers):
             x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, cache, i, start)

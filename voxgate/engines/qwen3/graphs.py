@@ -1,0 +1,181 @@
+"""Fixed-shape decoding, captured as CUDA graphs: one graph for the talker's decode step and
+one for a whole code-predictor frame (all 15 sub-steps and their sampling).
+
+One stream at a time (batch 1; batching is the next step). Everything a graph reads or
+writes lives in static buffers owned here; a replay is "copy inputs in, replay, read the
+static outputs". Randomness comes in as uniform noise drawn per frame from the request's
+generator and is turned into Gumbel-max draws inside the graph, so sampling needs no host
+sync; the only sync per frame is reading code 0 to stop at EOS. On the CPU, or when capture
+is off, the same fixed-shape code runs eagerly (that is how it is tested).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from voxgate.engines.qwen3.config import SamplingParams
+from voxgate.engines.qwen3.prompt import Prompt
+from voxgate.engines.qwen3.sampling import repetition_penalty
+from voxgate.engines.qwen3.talker import Talker
+from voxgate.types import CancelToken
+
+log = logging.getLogger(__name__)
+
+
+def gumbel_pick(logits: torch.Tensor, noise: torch.Tensor, temperature: float, top_k: int) -> torch.Tensor:
+    """A draw from softmax(top-k(logits) / temperature) by Gumbel-max: argmax(l/T - log(-log u))."""
+    scores = logits / temperature
+    if 0 < top_k < scores.shape[-1]:
+        kth = torch.topk(scores, top_k).values[..., -1, None]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    gumbel = -torch.log(-torch.log(noise.clamp(1e-10, 1.0 - 1e-7)))
+    return torch.argmax(scores + gumbel, dim=-1)
+
+
+@dataclass
+class GraphStats:
+    captured: bool = False
+    replays: int = 0
+    eager_fallbacks: dict[str, int] | None = None
+
+    def fallback(self, reason: str) -> None:
+        self.eager_fallbacks = self.eager_fallbacks or {}
+        self.eager_fallbacks[reason] = self.eager_fallbacks.get(reason, 0) + 1
+
+
+class StaticDecoder:
+    """The talker's KV cache, its decode step and the code predictor frame at fixed shapes."""
+
+    def __init__(self, talker: Talker, params: SamplingParams, capacity: int = 4096, use_graphs: bool = True) -> None:
+        self.talker, self.params, self.capacity = talker, params, capacity
+        p = talker.codec_head.weight
+        self.device, self.dtype = p.device, p.dtype
+        cfg = talker.cfg
+        self.cache = talker.new_cache(1, capacity)
+        self.cp_cache = talker.new_predictor_cache(1)
+        h, v = cfg.stack.hidden_size, cfg.predictor_vocab_size
+        z = dict(device=self.device)
+        self.in_embeds = torch.zeros(1, 1, h, dtype=self.dtype, **z)
+        self.in_position = torch.zeros((), dtype=torch.long, **z)
+        self.out_hidden = torch.zeros(1, h, dtype=self.dtype, **z)
+        self.out_logits = torch.zeros(1, cfg.vocab_size, dtype=torch.float32, **z)
+        self.cp_hidden = torch.zeros(1, h, dtype=self.dtype, **z)
+        self.cp_code0 = torch.zeros(1, dtype=torch.long, **z)
+        self.cp_noise = torch.rand(cfg.num_code_groups - 1, v, **z)
+        self.cp_codes = torch.zeros(1, cfg.num_code_groups, dtype=torch.long, **z)
+        self.cp_embeds = torch.zeros(1, h, dtype=self.dtype, **z)
+        self.stats = GraphStats()
+        self._step_graph: torch.cuda.CUDAGraph | None = None
+        self._cp_graph: torch.cuda.CUDAGraph | None = None
+        if use_graphs and self.device.type == "cuda":
+            self.capture()
+
+    # -------------------------------------------------------------- the two fixed-shape bodies
+
+    def _step_body(self) -> None:
+        hidden, logits = self.talker.step(self.in_embeds, self.cache, self.in_position)
+        self.out_hidden.copy_(hidden)
+        self.out_logits.copy_(logits)
+
+    def _cp_body(self) -> None:
+        talker, p = self.talker, self.params
+        cp = talker.code_predictor
+        project = cp.small_to_mtp_projection
+        inputs = project(torch.stack([self.cp_hidden, talker.codec(self.cp_code0)], dim=1))
+        codes, position = [self.cp_code0], 0
+        for j in range(talker.cfg.num_code_groups - 1):
+            out = cp.model(inputs, self.cp_cache, position)[:, -1]
+            position += inputs.shape[1]
+            logits = cp.lm_head[j](out).float()
+            if p.subtalker_do_sample:
+                code = gumbel_pick(logits, self.cp_noise[j : j + 1], p.subtalker_temperature, p.subtalker_top_k)
+            else:
+                code = logits.argmax(dim=-1)
+            codes.append(code)
+            if j < talker.cfg.num_code_groups - 2:
+                inputs = project(cp.model.codec_embedding[j](code))[:, None]
+        frame = torch.stack(codes, dim=1)
+        self.cp_codes.copy_(frame)
+        self.cp_embeds.copy_(talker.frame_embedding(frame))
+
+    # -------------------------------------------------------------- graph lifecycle
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Warm up on a side stream, then capture both bodies (at start-up, never per request)."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                self._step_body()
+                self._cp_body()
+        torch.cuda.current_stream().wait_stream(stream)
+        pool = torch.cuda.graph_pool_handle()
+        self._step_graph, self._cp_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self._step_graph, pool=pool):
+            self._step_body()
+        with torch.cuda.graph(self._cp_graph, pool=pool):
+            self._cp_body()
+        torch.cuda.synchronize()
+        self.stats.captured = True
+        log.info("captured CUDA graphs: talker step and code-predictor frame (capacity %d)", self.capacity)
+
+    def _run(self, graph: torch.cuda.CUDAGraph | None, body: Callable[[], None]) -> None:
+        if graph is not None:
+            graph.replay()
+            self.stats.replays += 1
+        else:
+            body()
+
+    # -------------------------------------------------------------- generation
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompt: Prompt,
+        cancel: CancelToken | None = None,
+        max_new_tokens: int | None = None,
+        seed: int | None = None,
+    ) -> Iterator[torch.Tensor]:
+        """Frames of codes (16,) like `generate_codes`, through the fixed-shape path."""
+        cfg, p = self.talker.cfg, self.params
+        limit = min(max_new_tokens or p.max_new_tokens, self.capacity - prompt.embeds.shape[1] - 1)
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(seed if seed is not None else int(torch.seed() % 2**62))
+        suppress = torch.zeros(cfg.vocab_size, dtype=torch.bool, device=self.device)
+        suppress[cfg.predictor_vocab_size :] = True
+        suppress[cfg.codec_eos_id] = False
+        hidden, logits = self.talker.step(prompt.embeds, self.cache, 0)  # prefill: eager, variable length
+        position = prompt.embeds.shape[1]
+        history = torch.zeros(1, 0, dtype=torch.long, device=self.device)
+        for draw in range(limit):
+            if cancel is not None and cancel.cancelled:
+                return
+            scores = repetition_penalty(logits, history, p.repetition_penalty)
+            if draw < p.min_new_tokens:
+                scores[:, cfg.codec_eos_id] = float("-inf")
+            scores = scores.masked_fill(suppress, float("-inf"))
+            if p.do_sample:
+                noise = torch.rand(1, cfg.vocab_size, device=self.device, generator=generator)
+                code0 = gumbel_pick(scores, noise, p.temperature, p.top_k)
+            else:
+                code0 = scores.argmax(dim=-1)
+            if int(code0) == cfg.codec_eos_id or draw == limit - 1:  # the one host sync per frame
+                return
+            history = torch.cat([history, code0[:, None]], dim=1)
+            self.cp_hidden.copy_(hidden)
+            self.cp_code0.copy_(code0)
+            if p.subtalker_do_sample:
+                self.cp_noise.copy_(torch.rand(self.cp_noise.shape, device=self.device, generator=generator))
+            self._run(self._cp_graph, self._cp_body)
+            yield self.cp_codes[0].clone()
+            row = prompt.trailing[:, draw] if draw < prompt.trailing.shape[1] else prompt.pad
+            self.in_embeds.copy_((self.cp_embeds + row)[:, None])
+            self.in_position.fill_(position)
+            self._run(self._step_graph, self._step_body)
+            hidden, logits = self.out_hidden, self.out_logits
+            position += 1
