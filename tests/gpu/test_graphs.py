@@ -9,13 +9,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def test_graph_replay_equals_eager_in_fp32(tmp_path):
+    from pathlib import Path
+
     from voxgate.engines.qwen3.checkpoint import make_random_checkpoint
     from voxgate.engines.qwen3.config import SamplingParams
     from voxgate.engines.qwen3.graphs import StaticDecoder
     from voxgate.engines.qwen3.loader import load_checkpoint
     from voxgate.engines.qwen3.prompt import PromptBuilder
-
-    from pathlib import Path
 
     carried = Path(".gpu/qwen3-tts")  # the configs travel with the tree to the GPU machine
     root = carried if carried.is_dir() else None
