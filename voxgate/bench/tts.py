@@ -44,7 +44,7 @@ def run_tts_bench(args: argparse.Namespace) -> int:
     from voxgate.engines.qwen3.codec import DecoderState
     from voxgate.engines.qwen3.config import SamplingParams
     from voxgate.engines.qwen3.generate import generate_codes
-    from voxgate.engines.qwen3.graphs import StaticDecoder
+    from voxgate.engines.qwen3.graphs import StaticCodecStep, StaticDecoder
     from voxgate.engines.qwen3.loader import load_checkpoint
     from voxgate.engines.qwen3.prompt import PromptBuilder
 
@@ -80,12 +80,23 @@ def run_tts_bench(args: argparse.Namespace) -> int:
         _sync(args.device)
         return t_first, time.perf_counter() - start, torch.stack([first, *rest], dim=1)[None]
 
+    steps: dict[int, Any] = {}
+
     def decode_once(codes: Any, packet: int) -> float:
         state = DecoderState()
+        if static is not None and packet not in steps:
+            steps[packet] = StaticCodecStep(ck.codec, packet)
+        step = steps.get(packet)
+        if step is not None:
+            step.reset()
         _sync(args.device)
         start = time.perf_counter()
         for i in range(0, codes.shape[-1], packet):
-            ck.codec.decode(codes[..., i : i + packet], state)
+            chunk = codes[..., i : i + packet]
+            if step is not None:
+                step.decode(chunk)
+            else:
+                ck.codec.decode(chunk, state)
         _sync(args.device)
         return time.perf_counter() - start
 

@@ -58,10 +58,41 @@ class CodecDecoderConfig:
 
 @dataclass
 class DecoderState:
-    """What the decoder remembers between packets; `DecoderState()` is a fresh stream."""
+    """What the decoder remembers between packets; `DecoderState()` is a fresh stream.
+
+    A *static* state (see `freeze`) keeps every tensor in a fixed buffer updated in place and
+    the frame position on the device, so a decode call can be captured as a CUDA graph.
+    """
 
     position: int = 0
     tensors: dict[str, Any] = field(default_factory=dict)
+    position_t: torch.Tensor | None = None  # set by freeze(): the position as a device tensor
+
+    def put(self, key: str, value: Any) -> None:
+        held = self.tensors.get(key) if self.position_t is not None else None
+        if held is None:
+            self.tensors[key] = value
+        elif isinstance(held, tuple):
+            for buffer, new in zip(held, value, strict=True):
+                buffer.copy_(new)
+        else:
+            held.copy_(value)
+
+    @torch.inference_mode()
+    def freeze(self, device: torch.device) -> None:
+        """Turn the buffers made by one decode into fixed ones, then reset to a fresh stream."""
+        self.position_t = torch.zeros((), dtype=torch.long, device=device)
+        self.reset()
+
+    @torch.inference_mode()
+    def reset(self) -> None:
+        """Back to the start of a stream, keeping the buffers (static states only)."""
+        for held in self.tensors.values():
+            for buffer in held if isinstance(held, tuple) else (held,):
+                buffer.zero_()
+        self.position = 0
+        if self.position_t is not None:
+            self.position_t.zero_()
 
 
 class _Stateful(nn.Module):
@@ -79,7 +110,8 @@ class CausalConv(_Stateful):
         if history is None:
             history = x.new_zeros(x.shape[0], x.shape[1], (self.kernel - 1) * self.dilation)
         weight2d = self.conv.weight.reshape(self.conv.out_channels, -1)
-        y, state.tensors[self.key] = ops.causal_conv(x, history, weight2d, self.conv.bias, self.kernel, self.dilation)
+        y, new_history = ops.causal_conv(x, history, weight2d, self.conv.bias, self.kernel, self.dilation)
+        state.put(self.key, new_history)
         return y
 
 
@@ -95,7 +127,8 @@ class CausalTransConv(_Stateful):
         if tail is None:
             tail = x.new_zeros(x.shape[0], c_out, k - self.stride)
         weight2d = self.conv.weight.reshape(c_in, c_out * k).T
-        y, state.tensors[self.key] = ops.transposed_conv(x, tail, weight2d, self.conv.bias, self.stride)
+        y, new_tail = ops.transposed_conv(x, tail, weight2d, self.conv.bias, self.stride)
+        state.put(self.key, new_tail)
         return y
 
 
@@ -119,7 +152,8 @@ class DepthwiseConv(_Stateful):
         history = state.tensors.get(self.key)
         if history is None:
             history = x.new_zeros(x.shape[0], x.shape[1], k - 1)
-        y, state.tensors[self.key] = ops.depthwise_causal_conv(x, history, self.conv.weight[:, 0], self.conv.bias)
+        y, new_history = ops.depthwise_causal_conv(x, history, self.conv.weight[:, 0], self.conv.bias)
+        state.put(self.key, new_history)
         return y
 
 
@@ -209,12 +243,13 @@ class _Attention(_Stateful):
             empty = k.new_zeros(b, self.kv_heads, self.window - 1, self.head_dim)
             past = (empty, empty)
         keys, values = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-        state.tensors[self.key] = (keys[:, :, t:], values[:, :, t:])
+        state.put(self.key, (keys[:, :, t:], values[:, :, t:]))
         if self.heads != self.kv_heads:
             keys = keys.repeat_interleave(self.heads // self.kv_heads, dim=1)
             values = values.repeat_interleave(self.heads // self.kv_heads, dim=1)
-        first = state.position - (self.window - 1)  # absolute position of the first slot
-        valid = torch.arange(first, state.position + t, device=x.device) >= 0
+        slots = torch.arange(self.window - 1 + t, device=x.device)
+        start = state.position if state.position_t is None else state.position_t
+        valid = slots + (start - (self.window - 1)) >= 0  # slots before the first frame are empty
         out = ops.window_attention(q, keys, values, valid, self.window, self.head_dim**-0.5)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
@@ -258,8 +293,13 @@ class _Transformer(nn.Module):
 
     def forward(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
         t = x.shape[1]
-        positions = slice(state.position, state.position + t)
-        cos, sin = self.rope_cos[positions].to(x.dtype), self.rope_sin[positions].to(x.dtype)
+        if state.position_t is None:
+            positions = slice(state.position, state.position + t)
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        else:
+            index = state.position_t + torch.arange(t, device=x.device)
+            cos, sin = self.rope_cos.index_select(0, index), self.rope_sin.index_select(0, index)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         h = self.input_proj(x)
         for layer in self.layers:
             h = layer(h, cos, sin, state)
@@ -354,4 +394,6 @@ class CodecDecoder(nn.Module):
         for layer in self.decoder:
             h = layer(h, state)
         state.position += codes.shape[-1]
+        if state.position_t is not None:
+            state.position_t.add_(codes.shape[-1])
         return h[:, 0].clamp(-1.0, 1.0)

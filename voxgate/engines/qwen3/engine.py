@@ -22,7 +22,7 @@ from voxgate.config import Settings
 from voxgate.engines.qwen3.codec import DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.generate import generate_codes, max_frames_for
-from voxgate.engines.qwen3.graphs import StaticDecoder
+from voxgate.engines.qwen3.graphs import StaticCodecStep, StaticDecoder
 from voxgate.engines.qwen3.loader import Qwen3Checkpoint, load_checkpoint
 from voxgate.engines.qwen3.prompt import PromptBuilder
 from voxgate.engines.qwen3.voices import VoiceStore
@@ -62,8 +62,10 @@ class Qwen3Engine:
         self.prompts = PromptBuilder(checkpoint.config, checkpoint.tokenizer, checkpoint.talker)
         # On a GPU the decode loop runs through fixed-shape CUDA graphs captured here, at start-up.
         self.static: StaticDecoder | None = None
+        self.codec_step: StaticCodecStep | None = None
         if cuda_graphs and checkpoint.talker.codec_head.weight.device.type == "cuda":
             self.static = StaticDecoder(checkpoint.talker, self.sampling)
+            self.codec_step = StaticCodecStep(checkpoint.codec, packet_frames)
         self._lock = threading.Lock()  # one stream at a time on this eager engine (batching: issue 4)
         self.kind = checkpoint.config.model_type
         self.clones: VoiceStore | None = None
@@ -149,6 +151,8 @@ class Qwen3Engine:
 
     def _decode_packets(self, frames: Iterator[torch.Tensor], cancel: CancelToken) -> Iterator[AudioChunk]:
         state = DecoderState()
+        if self.codec_step is not None:
+            self.codec_step.reset()
         packet: list[torch.Tensor] = []
         seq = 0
         for frame in frames:
@@ -163,7 +167,10 @@ class Qwen3Engine:
 
     def _chunk(self, packet: list[torch.Tensor], state: DecoderState, seq: int) -> AudioChunk:
         codes = torch.stack(packet, dim=1)[None]  # (1, 16, P)
-        pcm = self.ck.codec.decode(codes, state)[0].float().cpu().numpy()
+        if self.codec_step is not None:
+            pcm = self.codec_step.decode(codes)[0].float().cpu().numpy()
+        else:
+            pcm = self.ck.codec.decode(codes, state)[0].float().cpu().numpy()
         return AudioChunk(pcm, SAMPLE_RATE, seq, t_ready=time.perf_counter())
 
     def close(self) -> None:

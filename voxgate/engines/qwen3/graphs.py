@@ -1,5 +1,6 @@
-"""Fixed-shape decoding, captured as CUDA graphs: one graph for the talker's decode step and
-one for a whole code-predictor frame (all 15 sub-steps and their sampling).
+"""Fixed-shape decoding, captured as CUDA graphs: one graph for the talker's decode step,
+one for a whole code-predictor frame (all 15 sub-steps and their sampling), and one for the
+codec decoder's packet step.
 
 One stream at a time (batch 1; batching is the next step). Everything a graph reads or
 writes lives in static buffers owned here; a replay is "copy inputs in, replay, read the
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from voxgate.engines.qwen3.codec import CodecDecoder, DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.prompt import Prompt
 from voxgate.engines.qwen3.sampling import repetition_penalty
@@ -179,3 +181,61 @@ class StaticDecoder:
             self._run(self._step_graph, self._step_body)
             hidden, logits = self.out_hidden, self.out_logits
             position += 1
+
+
+class StaticCodecStep:
+    """The codec decoder for packets of `packet` frames with its state in fixed buffers,
+    captured as one CUDA graph (a shorter last packet runs eagerly on the same state)."""
+
+    def __init__(self, codec: CodecDecoder, packet: int, use_graphs: bool = True) -> None:
+        self.codec, self.packet = codec, packet
+        weight = codec.pre_conv.conv.weight
+        self.codes = torch.zeros(1, codec.config.num_quantizers, packet, dtype=torch.long, device=weight.device)
+        self.state = DecoderState()
+        with torch.inference_mode():
+            codec.decode(self.codes, self.state)  # makes every state buffer once
+        self.state.freeze(weight.device)
+        self.out = torch.zeros(1, packet * codec.config.samples_per_frame, dtype=weight.dtype, device=weight.device)
+        self.frames = 0
+        self._graph: torch.cuda.CUDAGraph | None = None
+        if use_graphs and weight.device.type == "cuda":
+            self._capture()
+
+    def _body(self) -> None:
+        self.out.copy_(self.codec.decode(self.codes, self.state))
+
+    @torch.inference_mode()
+    def _capture(self) -> None:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                self._body()
+        torch.cuda.current_stream().wait_stream(stream)
+        self._graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self._graph):
+            self._body()
+        torch.cuda.synchronize()
+        self.reset()
+        log.info("captured the codec decoder step for %d-frame packets", self.packet)
+
+    def reset(self) -> None:
+        """Start a new stream."""
+        self.state.reset()
+        self.frames = 0
+
+    @torch.inference_mode()
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes (1, 16, n <= packet) -> PCM (1, n * 1920), continuing the stream."""
+        n = codes.shape[-1]
+        if self.frames + n > self.codec.config.max_position_embeddings:
+            raise ValueError(f"the codec decodes at most {self.codec.config.max_position_embeddings} frames per stream")
+        self.frames += n
+        if n == self.packet:
+            self.codes.copy_(codes)
+            if self._graph is not None:
+                self._graph.replay()
+            else:
+                self._body()
+            return self.out.clone()
+        return self.codec.decode(codes, self.state)
