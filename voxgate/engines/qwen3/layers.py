@@ -65,6 +65,12 @@ class Attention(nn.Module):
         end = start + t
         cache.k[layer, :, :, start:end] = k
         cache.v[layer, :, :, start:end] = v
+        if x.is_cuda:  # fused attention; the CPU keeps the reference's exact op order (parity)
+            mask = None if t == 1 else torch.ones(t, end, dtype=torch.bool, device=x.device).tril(start)
+            out = F.scaled_dot_product_attention(
+                q, cache.k[layer, :, :, :end], cache.v[layer, :, :, :end], attn_mask=mask, enable_gqa=True
+            )
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
         keys = cache.k[layer, :, :, :end].repeat_interleave(self.heads // self.kv_heads, dim=1)
         values = cache.v[layer, :, :, :end].repeat_interleave(self.heads // self.kv_heads, dim=1)
         scores = torch.matmul(q, keys.transpose(2, 3)) * self.head_dim**-0.5
@@ -83,6 +89,10 @@ class Attention(nn.Module):
         b = q.shape[0]
         cache.k[layer].index_copy_(2, position.view(1), k)
         cache.v[layer].index_copy_(2, position.view(1), v)
+        if q.is_cuda:
+            visible = (torch.arange(cache.capacity, device=q.device) <= position).view(1, 1, 1, -1)
+            out = F.scaled_dot_product_attention(q, cache.k[layer], cache.v[layer], attn_mask=visible, enable_gqa=True)
+            return out.transpose(1, 2).reshape(b, 1, self.heads * self.head_dim)
         groups = self.heads // self.kv_heads
         qg = q.reshape(b, self.kv_heads, groups, self.head_dim)
         scores = torch.matmul(qg, cache.k[layer].transpose(2, 3)) * self.head_dim**-0.5  # (B, KV, G, C)
