@@ -76,6 +76,9 @@ class Settings(BaseSettings):
     qwen3_device: str = Field("cpu", description="qwen3: torch device, e.g. cpu or cuda.")
     qwen3_dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="qwen3: weight dtype.")
     qwen3_cuda_graphs: bool = Field(True, description="qwen3: run the decode loop as CUDA graphs on a GPU.")
+    qwen3_compile: bool = Field(
+        False, description="qwen3: torch.compile the graph bodies at start-up (GPU; ~2.5 min, ~1.6x faster frames)."
+    )
     qwen3_packet_frames: int = Field(1, ge=1, le=64, description="qwen3: 80 ms frames decoded per audio packet.")
 
     @field_validator("api_keys", "starter_phrases", "voice_aliases", mode="before")

@@ -53,6 +53,7 @@ class Qwen3Engine:
         packet_frames: int = 1,
         sampling: SamplingParams | None = None,
         cuda_graphs: bool = True,
+        compile_graphs: bool = False,
     ):
         if packet_frames < 1:
             raise ValueError("packet_frames must be >= 1")
@@ -64,7 +65,7 @@ class Qwen3Engine:
         self.static: StaticDecoder | None = None
         self.codec_step: StaticCodecStep | None = None
         if cuda_graphs and checkpoint.talker.codec_head.weight.device.type == "cuda":
-            self.static = StaticDecoder(checkpoint.talker, self.sampling)
+            self.static = StaticDecoder(checkpoint.talker, self.sampling, compile_bodies=compile_graphs)
             self.codec_step = StaticCodecStep(checkpoint.codec, packet_frames)
         self._lock = threading.Lock()  # one stream at a time on this eager engine (batching: issue 4)
         self.kind = checkpoint.config.model_type
@@ -188,4 +189,9 @@ def create(settings: Settings) -> Qwen3Engine:
         raise EngineFailure("set VOXGATE_QWEN3_MODEL_DIR to a Qwen3-TTS checkpoint directory")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[settings.qwen3_dtype]
     checkpoint = load_checkpoint(Path(settings.qwen3_model_dir), settings.qwen3_device, dtype)
-    return Qwen3Engine(checkpoint, settings.qwen3_packet_frames, cuda_graphs=settings.qwen3_cuda_graphs)
+    return Qwen3Engine(
+        checkpoint,
+        settings.qwen3_packet_frames,
+        cuda_graphs=settings.qwen3_cuda_graphs,
+        compile_graphs=settings.qwen3_compile,
+    )

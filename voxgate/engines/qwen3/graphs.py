@@ -52,7 +52,14 @@ class GraphStats:
 class StaticDecoder:
     """The talker's KV cache, its decode step and the code predictor frame at fixed shapes."""
 
-    def __init__(self, talker: Talker, params: SamplingParams, capacity: int = 4096, use_graphs: bool = True) -> None:
+    def __init__(
+        self,
+        talker: Talker,
+        params: SamplingParams,
+        capacity: int = 4096,
+        use_graphs: bool = True,
+        compile_bodies: bool = False,
+    ) -> None:
         self.talker, self.params, self.capacity = talker, params, capacity
         p = talker.codec_head.weight
         self.device, self.dtype = p.device, p.dtype
@@ -73,6 +80,11 @@ class StaticDecoder:
         self.stats = GraphStats()
         self._step_graph: torch.cuda.CUDAGraph | None = None
         self._cp_graph: torch.cuda.CUDAGraph | None = None
+        self._step_fn: Callable[[], None] = self._step_body
+        self._cp_fn: Callable[[], None] = self._cp_body
+        if compile_bodies and self.device.type == "cuda":  # fuse the small kernels before capturing
+            self._step_fn = torch.compile(self._step_body, dynamic=False)
+            self._cp_fn = torch.compile(self._cp_body, dynamic=False)
         if use_graphs and self.device.type == "cuda":
             self.capture()
 
@@ -113,15 +125,15 @@ class StaticDecoder:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(3):
-                self._step_body()
-                self._cp_body()
+                self._step_fn()
+                self._cp_fn()
         torch.cuda.current_stream().wait_stream(stream)
         pool = torch.cuda.graph_pool_handle()
         self._step_graph, self._cp_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         with torch.cuda.graph(self._step_graph, pool=pool):
-            self._step_body()
+            self._step_fn()
         with torch.cuda.graph(self._cp_graph, pool=pool):
-            self._cp_body()
+            self._cp_fn()
         torch.cuda.synchronize()
         self.stats.captured = True
         log.info("captured CUDA graphs: talker step and code-predictor frame (capacity %d)", self.capacity)
