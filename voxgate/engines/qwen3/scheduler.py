@@ -1,0 +1,135 @@
+"""Which streams run on the next step: a pure-Python scheduler (no torch), unit-tested on the CPU.
+
+The GPU runner asks `plan()` before every step and gets plain data back: the streams to
+prefill now, the streams to decode together, and the batch-size bucket (1, 2, 4, 8, ...) whose
+captured graph will run them. Policy:
+- a stream waits in a queue ordered by priority (higher first), then arrival;
+- at most `max_running` streams decode together; new ones are admitted into free slots, at
+  most `max_prefills_per_step` per step, so prefills interleave with decoding instead of
+  stalling the running streams;
+- a full queue refuses new streams with `Busy` rather than slowing everyone down, and each
+  waiting stream can see its position and how long it has waited;
+- cancel frees a slot at once, whether the stream is waiting or running.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from dataclasses import dataclass, field
+from enum import Enum
+
+from voxgate.types import Busy, NotFound
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+class Phase(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    CANCELLED = "cancelled"
+
+
+@dataclass(slots=True)
+class Stream:
+    stream_id: str
+    priority: int = 0
+    arrival: int = 0  # set by the scheduler: order of arrival
+    enqueued_at: float = 0.0  # caller's clock, for queue-time reporting
+    phase: Phase = Phase.WAITING
+    frames: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    prefill: tuple[str, ...]  # admitted this step: run their prompts, then they decode with the rest
+    decode: tuple[str, ...]  # already running: one decode step each, batched
+    bucket: int  # captured batch size to pad `decode` up to (0 when nothing decodes)
+
+
+@dataclass
+class Scheduler:
+    max_running: int = 64
+    max_waiting: int = 256
+    max_prefills_per_step: int = 2
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    _streams: dict[str, Stream] = field(default_factory=dict)
+    _waiting: list[tuple[int, int, str]] = field(default_factory=list)  # (-priority, arrival, id), sorted
+    _running: list[str] = field(default_factory=list)
+    _arrivals: itertools.count = field(default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        if self.max_running > self.buckets[-1]:
+            raise ValueError(f"max_running {self.max_running} exceeds the largest bucket {self.buckets[-1]}")
+
+    def add(self, stream_id: str, priority: int = 0, now: float = 0.0) -> int:
+        """Queue a stream; returns its position in the queue (0 = next). Raises Busy when full."""
+        if stream_id in self._streams:
+            raise ValueError(f"stream {stream_id!r} is already scheduled")
+        if len(self._waiting) >= self.max_waiting:
+            raise Busy(f"{len(self._waiting)} streams are already waiting; retry shortly")
+        stream = Stream(stream_id, priority, next(self._arrivals), now)
+        self._streams[stream_id] = stream
+        bisect.insort(self._waiting, (-priority, stream.arrival, stream_id))
+        return self.position(stream_id)
+
+    def position(self, stream_id: str) -> int:
+        """Place in the waiting queue (0 = admitted next); -1 once running."""
+        stream = self._get(stream_id)
+        if stream.phase is not Phase.WAITING:
+            return -1
+        return bisect.bisect_left(self._waiting, (-stream.priority, stream.arrival, stream_id))
+
+    def waited(self, stream_id: str, now: float) -> float:
+        return now - self._get(stream_id).enqueued_at
+
+    def plan(self) -> Plan:
+        """Admit what fits (priority first) and say what runs on the next step."""
+        decode = tuple(self._running)
+        admitted: list[str] = []
+        while self._waiting and len(self._running) < self.max_running and len(admitted) < self.max_prefills_per_step:
+            _, _, stream_id = self._waiting.pop(0)
+            self._streams[stream_id].phase = Phase.RUNNING
+            self._running.append(stream_id)
+            admitted.append(stream_id)
+        return Plan(tuple(admitted), decode, self.bucket_for(len(decode)))
+
+    def bucket_for(self, n: int) -> int:
+        if n == 0:
+            return 0
+        return self.buckets[bisect.bisect_left(self.buckets, n)]
+
+    def advance(self, stream_id: str, frames: int = 1) -> None:
+        self._get(stream_id).frames += frames
+
+    def finish(self, stream_id: str) -> None:
+        """The stream ended normally (EOS or its length limit)."""
+        self._drop(stream_id, Phase.FINISHED)
+
+    def cancel(self, stream_id: str) -> None:
+        """Free the stream's slot or queue place now; unknown ids are ignored (already gone)."""
+        if stream_id in self._streams:
+            self._drop(stream_id, Phase.CANCELLED)
+
+    def _drop(self, stream_id: str, phase: Phase) -> None:
+        stream = self._streams.pop(stream_id)
+        if stream.phase is Phase.RUNNING:
+            self._running.remove(stream_id)
+        else:
+            self._waiting.remove((-stream.priority, stream.arrival, stream_id))
+        stream.phase = phase
+
+    def _get(self, stream_id: str) -> Stream:
+        try:
+            return self._streams[stream_id]
+        except KeyError:
+            raise NotFound(f"no scheduled stream {stream_id!r}") from None
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
