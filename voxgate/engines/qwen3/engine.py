@@ -64,7 +64,10 @@ class Qwen3Engine:
         # On a GPU the decode loop runs through fixed-shape CUDA graphs captured here, at start-up.
         self.static: StaticDecoder | None = None
         self.codec_step: StaticCodecStep | None = None
-        if cuda_graphs and checkpoint.talker.codec_head.weight.device.type == "cuda":
+        on_gpu = checkpoint.talker.codec_head.weight.device.type == "cuda"
+        if on_gpu and cuda_graphs and min(self.sampling.top_p, self.sampling.subtalker_top_p) < 1.0:
+            log.warning("top_p < 1 is not in the captured sampler yet: decoding eagerly")
+        elif on_gpu and cuda_graphs:
             self.static = StaticDecoder(checkpoint.talker, self.sampling, compile_bodies=compile_graphs)
             self.codec_step = StaticCodecStep(checkpoint.codec, packet_frames)
         self._lock = threading.Lock()  # one stream at a time on this eager engine (batching: issue 4)
