@@ -154,3 +154,24 @@ def test_voice_clone_in_context_codes_are_identical(ours, official, ref_frames, 
     )
     got = torch.stack(list(generate_codes(ours["b06"].talker, prompt, SamplingParams.greedy(max_new_tokens=16))))
     assert torch.equal(got, expected)
+
+
+def test_generation_stops_at_eos_like_the_official(ours, official):
+    """No random checkpoint emits the real EOS, so both sides are told that a code seen in a
+    greedy run is EOS: generation must stop at that draw, and never in the first two draws."""
+    from dataclasses import replace
+
+    ck, tts = ours["cv06"], official["cv06"]
+    text, kwargs = "Stop when told to.", {"language": "English", "speaker": "Vivian"}
+    free = _our_codes(ck, text, SamplingParams.greedy(max_new_tokens=24), **kwargs)
+    stop_at = next(k for k in range(2, len(free)) if int(free[k, 0]) not in free[:k, 0].tolist())
+    eos = int(free[stop_at, 0])
+    expected = _official_codes(tts, text, do_sample=False, subtalker_dosample=False, max_new_tokens=24,
+                               eos_token_id=eos, **kwargs)  # fmt: skip
+    original = ck.talker.cfg
+    try:
+        ck.talker.cfg = replace(original, codec_eos_id=eos)
+        got = _our_codes(ck, text, SamplingParams.greedy(max_new_tokens=24), **kwargs)
+    finally:
+        ck.talker.cfg = original
+    assert got.shape[0] == stop_at and torch.equal(got, expected)

@@ -141,3 +141,12 @@ def test_leading_newlines_do_not_break_the_prompt(ours):
     plain = builder.build("Hello there.", speaker="vivian")
     newline = builder.build("\n\nHello there.", speaker="vivian")
     assert torch.equal(plain.embeds, newline.embeds)
+
+
+def test_instructions_are_ignored_by_the_0_6b_custom_voice_model(ours):
+    engine = _engine(ours)
+    plain = collect(engine, SynthesisRequest(text="Same either way.", voice="aiden", seed=4))
+    instructed = collect(
+        engine, SynthesisRequest(text="Same either way.", voice="aiden", seed=4, instructions="Shout!")
+    )
+    assert np.array_equal(plain.samples, instructed.samples)

@@ -63,3 +63,15 @@ def test_unknown_model_name_is_refused(tmp_path):
         text=True,
     )
     assert made.returncode == 2 and "invalid choice" in made.stderr
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"text": "Hallo.", "voice": "vivian", "language": "nl"}, 400, "unsupported_language"),
+        ({"text": "Faster.", "voice": "vivian", "speed": 2.0}, 400, "not_supported"),
+    ],
+)
+def test_qwen3_refusals_are_typed_not_500(qwen3_server, body, status, code):
+    r = httpx.post(f"{qwen3_server.url}/tts/stream", json=body, timeout=60)
+    assert r.status_code == status and r.json()["error"]["code"] == code

@@ -142,3 +142,24 @@ def test_clone_in_context_over_http(base_server):
     assert created.status_code == 201 and "icl" in created.json()["description"]
     spoken = httpx.post(f"{base_server.url}/tts/stream", json={"text": "Hi.", "voice": "carol", "seed": 3}, timeout=120)
     assert spoken.status_code == 200 and len(spoken.content) % (1920 * 2) == 0
+
+
+def test_in_context_speech_continues_the_reference_like_the_reference_decode(ours):
+    """The reference implementation decodes reference + new codes and cuts the reference's
+    samples; streaming from the cached pre-roll state must give exactly those samples."""
+    from voxgate.engines.qwen3.generate import generate_codes
+
+    ck = ours["b06"]
+    engine = Qwen3Engine(ck, sampling=SamplingParams.greedy(max_new_tokens=8))
+    engine.add_voice("dora", _voice_audio(seconds=1.0, seed=6), 24000, "Reference words.")
+    voice = engine.clones.get("dora")
+    streamed = np.concatenate(
+        [c.samples for c in engine.stream(SynthesisRequest(text="Go on.", voice="dora"), CancelToken())]
+    )
+    prompt = engine.prompts.build(
+        "Go on.", speaker_embedding=voice.speaker_embedding, ref_codes=voice.ref_codes, ref_text=voice.ref_text,
+        stream_text=True,
+    )  # fmt: skip
+    codes = torch.stack(list(generate_codes(ck.talker, prompt, SamplingParams.greedy(max_new_tokens=8))))
+    whole = ck.codec.decode(torch.cat([voice.ref_codes, codes]).T[None])[0].numpy()
+    assert np.array_equal(streamed, whole[len(voice.ref_codes) * 1920 :])

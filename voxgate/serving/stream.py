@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from voxgate.engines.base import Engine
-from voxgate.types import AudioChunk, CancelToken, EngineFailure, SynthesisRequest, Timing
+from voxgate.types import AudioChunk, CancelToken, EngineFailure, SynthesisRequest, Timing, VoxgateError
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,9 @@ class EngineStream:
             return None
         try:
             chunk = await asyncio.shield(self._pending)
+        except VoxgateError:  # a typed refusal from the engine (bad voice, language, ...) reaches the client as is
+            self._finished = True
+            raise
         except Exception as exc:  # an engine bug must not take the server down
             self._finished = True
             log.exception("engine stream failed")

@@ -78,6 +78,25 @@ class DecoderState:
         else:
             held.copy_(value)
 
+    def copy(self) -> DecoderState:
+        """An independent (non-static) copy, e.g. of a voice's cached reference pre-roll."""
+        tensors = {
+            k: tuple(t.clone() for t in v) if isinstance(v, tuple) else v.clone() for k, v in self.tensors.items()
+        }
+        return DecoderState(self.position, tensors)
+
+    @torch.inference_mode()
+    def load(self, other: DecoderState) -> None:
+        """Copy `other`'s state into this static state's buffers (same decoder, same shapes)."""
+        for key, held in self.tensors.items():
+            given = other.tensors[key]
+            for buffer, value in zip(held if isinstance(held, tuple) else (held,),
+                                     given if isinstance(given, tuple) else (given,), strict=True):  # fmt: skip
+                buffer.copy_(value)
+        self.position = other.position
+        if self.position_t is not None:
+            self.position_t.fill_(other.position)
+
     @torch.inference_mode()
     def freeze(self, device: torch.device) -> None:
         """Turn the buffers made by one decode into fixed ones, then reset to a fresh stream."""

@@ -33,6 +33,7 @@ from voxgate.types import (
     InvalidRequest,
     NotSupported,
     SynthesisRequest,
+    TextTooLong,
     VoiceInfo,
 )
 
@@ -72,25 +73,31 @@ class Qwen3Engine:
             self.codec_step = StaticCodecStep(checkpoint.codec, packet_frames)
         self._lock = threading.Lock()  # one stream at a time on this eager engine (batching: issue 4)
         self.kind = checkpoint.config.model_type
+        names = checkpoint.config.talker.language_ids
+        self.languages = tuple(code for code, name in _LANGUAGES.items() if name in names)
         self.clones: VoiceStore | None = None
         self._voices: list[VoiceInfo] = []
         if self.kind == "custom_voice":
             speakers = sorted(checkpoint.config.talker.speaker_ids)
-            self._voices = [VoiceInfo(s, self.name, ("*",), "Qwen3-TTS CustomVoice speaker") for s in speakers]
+            self._voices = [VoiceInfo(s, self.name, self.languages, "Qwen3-TTS CustomVoice speaker") for s in speakers]
         elif self.kind == "voice_design":
-            self._voices = [VoiceInfo(DESIGN_VOICE, self.name, ("*",), "described by the request's instructions")]
+            self._voices = [
+                VoiceInfo(DESIGN_VOICE, self.name, self.languages, "described by the request's instructions")
+            ]
         elif checkpoint.speaker is not None:
             encoder = checkpoint.encoder
             encode = None if encoder is None else (lambda wav: encoder.encode(wav.reshape(1, -1))[0].T)
-            self.clones = VoiceStore(checkpoint.speaker.embed, encode)
+            self.clones = VoiceStore(checkpoint.speaker.embed, encode, self._preroll)
         else:
             raise EngineFailure(f"unsupported Qwen3-TTS model type {self.kind!r}")
 
     def voices(self) -> list[VoiceInfo]:
         if self.clones is None:
             return list(self._voices)
-        return [VoiceInfo(v.voice_id, self.name, ("*",), f"cloned voice ({v.mode}, {v.duration_s:.1f} s reference)")
-                for v in self.clones.all()]  # fmt: skip
+        return [
+            VoiceInfo(v.voice_id, self.name, self.languages, f"cloned voice ({v.mode}, {v.duration_s:.1f} s reference)")
+            for v in self.clones.all()
+        ]
 
     def add_voice(self, voice_id: str, audio: np.ndarray, sample_rate: int, ref_text: str | None) -> VoiceInfo:
         """Clone a voice from reference audio: in-context with its transcript, else x-vector only."""
@@ -102,6 +109,12 @@ class Qwen3Engine:
         log.info("voice %s (%s) %s", voice_id, voice.mode, "registered" if computed else "unchanged (cached)")
         return next(v for v in self.voices() if v.id == voice_id)
 
+    def _preroll(self, ref_codes: torch.Tensor) -> DecoderState:
+        """The decoder state after decoding a voice's reference codes (output discarded)."""
+        state = DecoderState()
+        self.ck.codec.decode(ref_codes.T[None].to(self.ck.codec.pre_conv.conv.weight.device), state)
+        return state
+
     def remove_voice(self, voice_id: str) -> None:
         if self.clones is None:
             raise NotSupported(f"voice cloning needs a Base checkpoint; this is {self.kind!r}")
@@ -111,7 +124,8 @@ class Qwen3Engine:
         """A few frames through every stage (prompt, talker, code predictor, decoder)."""
         if self.clones is not None:  # no voices yet: a neutral x-vector
             hidden = self.ck.config.talker.stack.hidden_size
-            zero = torch.zeros(hidden, dtype=self.ck.talker.codec_head.weight.dtype)
+            weight = self.ck.talker.codec_head.weight
+            zero = torch.zeros(hidden, dtype=weight.dtype, device=weight.device)
             prompt = self.prompts.build("Warm up.", speaker_embedding=zero, stream_text=True)
         elif self.kind == "voice_design":
             prompt = self.prompts.build("Warm up.", instruct="A clear voice.")
@@ -126,8 +140,14 @@ class Qwen3Engine:
         design = self.ck.config.model_type == "voice_design"
         if design and not request.instructions:
             raise InvalidRequest("a VoiceDesign model needs `instructions` describing the voice")
+        if request.speed != 1.0:
+            raise NotSupported("the qwen3 engine speaks at its own pace; speed must be 1.0")
+        # The 0.6B CustomVoice model was not trained on instructions; the reference drops them too.
+        instruct = None if self.ck.config.model_size == "0b6" else request.instructions
+        context = None
         if self.clones is not None:
             voice = self.clones.get(request.voice)
+            context = voice.decoder_context
             prompt = self.prompts.build(
                 request.text,
                 speaker_embedding=voice.speaker_embedding,
@@ -141,22 +161,31 @@ class Qwen3Engine:
                 request.text,
                 speaker=None if design else request.voice,
                 language=language,
-                instruct=request.instructions,
+                instruct=instruct,
             )
         params = self.sampling if request.seed is None else _with_seed(self.sampling, request.seed)
         text_tokens = len(self.ck.tokenizer.encode(request.text, add_special_tokens=False).ids)
         limit = max_frames_for(text_tokens, params)
+        if self.static is not None:
+            room = self.static.capacity - prompt.embeds.shape[1] - 1
+            if room < 64:
+                raise TextTooLong("the text is too long for the decoder's KV cache; split it into sentences")
+            if room < limit:
+                log.info("frame limit %d cut to %d by the KV cache", limit, room)
+                limit = room
         with self._lock:
             if self.static is not None:
                 frames = self.static.generate(prompt, cancel, limit, request.seed)
             else:
                 frames = generate_codes(self.ck.talker, prompt, params, cancel, limit)
-            yield from self._decode_packets(frames, cancel)
+            yield from self._decode_packets(frames, cancel, context)
 
-    def _decode_packets(self, frames: Iterator[torch.Tensor], cancel: CancelToken) -> Iterator[AudioChunk]:
-        state = DecoderState()
+    def _decode_packets(
+        self, frames: Iterator[torch.Tensor], cancel: CancelToken, context: DecoderState | None = None
+    ) -> Iterator[AudioChunk]:
+        state = context.copy() if context is not None else DecoderState()
         if self.codec_step is not None:
-            self.codec_step.reset()
+            self.codec_step.reset(context)
         packet: list[torch.Tensor] = []
         seq = 0
         for frame in frames:

@@ -13,6 +13,7 @@ is off, the same fixed-shape code runs eagerly (that is how it is tested).
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -159,7 +160,7 @@ class StaticDecoder:
         cfg, p = self.talker.cfg, self.params
         limit = min(max_new_tokens or p.max_new_tokens, self.capacity - prompt.embeds.shape[1] - 1)
         generator = torch.Generator(device=self.device)
-        generator.manual_seed(seed if seed is not None else int(torch.seed() % 2**62))
+        generator.manual_seed(seed if seed is not None else secrets.randbits(62))  # never reseed torch globally
         suppress = torch.zeros(cfg.vocab_size, dtype=torch.bool, device=self.device)
         suppress[cfg.predictor_vocab_size :] = True
         suppress[cfg.codec_eos_id] = False
@@ -231,10 +232,13 @@ class StaticCodecStep:
         self.reset()
         log.info("captured the codec decoder step for %d-frame packets", self.packet)
 
-    def reset(self) -> None:
-        """Start a new stream."""
+    def reset(self, context: DecoderState | None = None) -> None:
+        """Start a new stream, optionally continuing from `context` (a voice's reference pre-roll)."""
         self.state.reset()
         self.frames = 0
+        if context is not None:
+            self.state.load(context)
+            self.frames = context.position
 
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:

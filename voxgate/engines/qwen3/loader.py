@@ -82,6 +82,13 @@ def load_weights(module: nn.Module, state: dict[str, torch.Tensor], prefix: str,
     module.load_state_dict({k: given[k] for k in own}, strict=True)
 
 
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(path)
+    except Exception as exc:  # safetensors reports corrupt files with its own error type
+        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+
+
 def load_checkpoint(model_dir: Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Qwen3Checkpoint:
     model_dir = Path(model_dir)
     check_layout(model_dir)
@@ -94,7 +101,7 @@ def load_checkpoint(model_dir: Path, device: str = "cpu", dtype: torch.dtype = t
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"unreadable config in {model_dir}: {exc}") from exc
     talker, codec = Talker(config.talker), CodecDecoder(codec_cfg)
-    weights = load_file(model_dir / "model.safetensors")
+    weights = _read_safetensors(model_dir / "model.safetensors")
     load_weights(talker, weights, "talker.")
     speaker = None
     if config.model_type == "base":
@@ -102,7 +109,7 @@ def load_checkpoint(model_dir: Path, device: str = "cpu", dtype: torch.dtype = t
         load_weights(speaker, weights, "speaker_encoder.")
         speaker.to(device=device, dtype=dtype).eval()
     del weights
-    codec_weights = load_file(model_dir / "speech_tokenizer/model.safetensors")
+    codec_weights = _read_safetensors(model_dir / "speech_tokenizer/model.safetensors")
     load_weights(codec, codec_weights, "decoder.")
     encoder = None
     if speaker is not None and any(k.startswith("encoder.") for k in codec_weights):
@@ -113,8 +120,11 @@ def load_checkpoint(model_dir: Path, device: str = "cpu", dtype: torch.dtype = t
     del codec_weights
     talker.to(device=device, dtype=dtype).eval()
     codec.to(device=device, dtype=dtype).eval()
-    tokenizer = load_text_tokenizer(model_dir)
-    generation = json.loads((model_dir / "generation_config.json").read_text())
+    try:
+        tokenizer = load_text_tokenizer(model_dir)
+        generation = json.loads((model_dir / "generation_config.json").read_text())
+    except Exception as exc:  # tokenizers and json raise their own error types
+        raise CheckpointError(f"unreadable tokenizer or generation config in {model_dir}: {exc}") from exc
     log.info(
         "loaded %s (%s, %s) in %.1f s", model_dir.name, config.model_type, config.model_size, time.perf_counter() - t0
     )

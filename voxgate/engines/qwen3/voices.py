@@ -12,6 +12,7 @@ import hashlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,6 +31,7 @@ class ClonedVoice:
     ref_codes: torch.Tensor | None  # (frames, 16), in-context mode only
     ref_text: str | None
     duration_s: float
+    decoder_context: Any = None  # the codec decoder's state after the reference codes (in-context only)
 
     @property
     def mode(self) -> str:
@@ -49,8 +51,9 @@ class VoiceStore:
         self,
         embed: Callable[[torch.Tensor], torch.Tensor],
         encode: Callable[[torch.Tensor], torch.Tensor] | None,
+        preroll: Callable[[torch.Tensor], Any] | None = None,
     ) -> None:
-        self._embed, self._encode = embed, encode
+        self._embed, self._encode, self._preroll = embed, encode, preroll
         self._voices: dict[str, ClonedVoice] = {}
         self._lock = threading.Lock()
 
@@ -64,7 +67,7 @@ class VoiceStore:
         if icl and not (ref_text and ref_text.strip()):
             raise InvalidRequest("in-context cloning needs `text`, the transcript of the reference audio")
         if icl and self._encode is None:
-            raise InvalidRequest("this checkpoint has no codec encoder; register with mode 'xvector'")
+            raise InvalidRequest("this checkpoint has no codec encoder; register without `text` (x-vector only)")
         key = content_hash(audio_24k, ref_text if icl else None, icl)
         with self._lock:
             known = self._voices.get(voice_id)
@@ -72,7 +75,10 @@ class VoiceStore:
             return known, False
         wav = torch.from_numpy(np.ascontiguousarray(audio_24k, dtype=np.float32))
         codes = self._encode(wav) if icl and self._encode is not None else None
-        voice = ClonedVoice(voice_id, key, self._embed(wav), codes, ref_text if icl else None, duration)
+        # In-context audio continues the reference: the decoder starts from the state the
+        # reference codes leave behind (the reference decodes ref + new codes and cuts the ref).
+        context = self._preroll(codes) if codes is not None and self._preroll is not None else None
+        voice = ClonedVoice(voice_id, key, self._embed(wav), codes, ref_text if icl else None, duration, context)
         with self._lock:
             self._voices[voice_id] = voice
         return voice, True
