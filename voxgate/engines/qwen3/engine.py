@@ -13,12 +13,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from voxgate.audio import resample
-from voxgate.config import Settings
 from voxgate.engines.qwen3.codec import DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.generate import generate_codes, max_frames_for
@@ -36,6 +36,9 @@ from voxgate.types import (
     TextTooLong,
     VoiceInfo,
 )
+
+if TYPE_CHECKING:  # the engine itself runs without the server's settings stack (e.g. in benches)
+    from voxgate.config import Settings
 
 log = logging.getLogger(__name__)
 SAMPLE_RATE = 24000
