@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from voxgate.engines.qwen3 import ops
+from voxgate.engines.qwen3.layers import RMSNorm
 
 
 @dataclass(frozen=True)
@@ -225,16 +226,6 @@ class _Linear(nn.Linear):
         return ops.linear(x, self.weight, self.bias)
 
 
-class _RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.rms_norm(x, self.weight, self.eps)
-
-
 class _Scale(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -289,8 +280,8 @@ class _TransformerLayer(nn.Module):
         super().__init__()
         self.self_attn = _Attention(cfg)
         self.mlp = _MLP(cfg.hidden_size, cfg.intermediate_size)
-        self.input_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn_layer_scale = _Scale(cfg.hidden_size)
         self.mlp_layer_scale = _Scale(cfg.hidden_size)
 
@@ -303,7 +294,7 @@ class _Transformer(nn.Module):
     def __init__(self, cfg: CodecDecoderConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(_TransformerLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.input_proj = _Linear(cfg.latent_dim, cfg.hidden_size)
         self.output_proj = _Linear(cfg.hidden_size, cfg.latent_dim)
         cos, sin = ops.rope_tables(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)

@@ -11,7 +11,7 @@ import torch
 
 from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.prompt import Prompt
-from voxgate.engines.qwen3.sampling import pick, repetition_penalty
+from voxgate.engines.qwen3.sampling import control_mask, pick, talker_scores
 from voxgate.engines.qwen3.talker import Talker
 from voxgate.types import CancelToken
 
@@ -39,9 +39,7 @@ def generate_codes(
     if params.seed is not None:
         generator = torch.Generator(device=device)
         generator.manual_seed(params.seed)
-    suppress = torch.zeros(cfg.vocab_size, dtype=torch.bool, device=device)
-    suppress[cfg.predictor_vocab_size :] = True
-    suppress[cfg.codec_eos_id] = False
+    control = control_mask(cfg.vocab_size, cfg.predictor_vocab_size, cfg.codec_eos_id, device)
     cache = talker.new_cache(1, prompt.embeds.shape[1] + limit + 1)
     hidden, logits = talker.step(prompt.embeds, cache, 0)
     position = prompt.embeds.shape[1]
@@ -49,10 +47,9 @@ def generate_codes(
     for draw in range(limit):
         if cancel is not None and cancel.cancelled:
             return
-        scores = repetition_penalty(logits, history, params.repetition_penalty)
-        if draw < params.min_new_tokens:
-            scores[:, cfg.codec_eos_id] = float("-inf")
-        scores = scores.masked_fill(suppress, float("-inf"))
+        scores = talker_scores(
+            logits, history, draw, params.repetition_penalty, params.min_new_tokens, cfg.codec_eos_id, control
+        )
         code0 = pick(scores, params.do_sample, params.temperature, params.top_k, params.top_p, generator)
         if int(code0) == cfg.codec_eos_id or draw == limit - 1:
             return

@@ -22,7 +22,7 @@ import torch
 from voxgate.engines.qwen3.codec import CodecDecoder, DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.prompt import Prompt
-from voxgate.engines.qwen3.sampling import repetition_penalty
+from voxgate.engines.qwen3.sampling import control_mask, talker_scores
 from voxgate.engines.qwen3.talker import Talker
 from voxgate.types import CancelToken
 
@@ -161,19 +161,16 @@ class StaticDecoder:
         limit = min(max_new_tokens or p.max_new_tokens, self.capacity - prompt.embeds.shape[1] - 1)
         generator = torch.Generator(device=self.device)
         generator.manual_seed(seed if seed is not None else secrets.randbits(62))  # never reseed torch globally
-        suppress = torch.zeros(cfg.vocab_size, dtype=torch.bool, device=self.device)
-        suppress[cfg.predictor_vocab_size :] = True
-        suppress[cfg.codec_eos_id] = False
+        control = control_mask(cfg.vocab_size, cfg.predictor_vocab_size, cfg.codec_eos_id, self.device)
         hidden, logits = self.talker.step(prompt.embeds, self.cache, 0)  # prefill: eager, variable length
         position = prompt.embeds.shape[1]
         history = torch.zeros(1, 0, dtype=torch.long, device=self.device)
         for draw in range(limit):
             if cancel is not None and cancel.cancelled:
                 return
-            scores = repetition_penalty(logits, history, p.repetition_penalty)
-            if draw < p.min_new_tokens:
-                scores[:, cfg.codec_eos_id] = float("-inf")
-            scores = scores.masked_fill(suppress, float("-inf"))
+            scores = talker_scores(
+                logits, history, draw, p.repetition_penalty, p.min_new_tokens, cfg.codec_eos_id, control
+            )
             if p.do_sample:
                 noise = torch.rand(1, cfg.vocab_size, device=self.device, generator=generator)
                 code0 = gumbel_pick(scores, noise, p.temperature, p.top_k)

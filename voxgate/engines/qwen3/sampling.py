@@ -43,3 +43,28 @@ def pick(
         scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def control_mask(vocab_size: int, audio_codes: int, eos_id: int, device: torch.device) -> torch.Tensor:
+    """True for the talker's control ids (everything past the audio codes) except EOS."""
+    mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+    mask[audio_codes:] = True
+    mask[eos_id] = False
+    return mask
+
+
+def talker_scores(
+    logits: torch.Tensor,
+    history: torch.Tensor,
+    draw: int,
+    penalty: float,
+    min_new_tokens: int,
+    eos_id: int,
+    control: torch.Tensor,
+) -> torch.Tensor:
+    """The reference's processors for code 0, in its order: repetition penalty over the codes
+    drawn so far, EOS blocked for the first `min_new_tokens` draws, control ids suppressed."""
+    scores = repetition_penalty(logits, history, penalty)
+    if draw < min_new_tokens:
+        scores[:, eos_id] = float("-inf")
+    return scores.masked_fill(control, float("-inf"))
