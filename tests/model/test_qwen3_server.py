@@ -75,3 +75,15 @@ def test_unknown_model_name_is_refused(tmp_path):
 def test_qwen3_refusals_are_typed_not_500(qwen3_server, body, status, code):
     r = httpx.post(f"{qwen3_server.url}/tts/stream", json=body, timeout=60)
     assert r.status_code == status and r.json()["error"]["code"] == code
+
+
+def test_engine_counters_reach_metrics(qwen3_server):
+    httpx.post(f"{qwen3_server.url}/tts/stream", json={"text": "Count.", "voice": "ryan", "seed": 2}, timeout=120)
+    text = httpx.get(f"{qwen3_server.url}/metrics").text
+    assert 'voxgate_engine_graph_replays_total{name="codec_decoder"} 0.0' in text
+    served = [
+        line
+        for line in text.splitlines()
+        if line.startswith('voxgate_engine_eager_fallbacks_total{name="no_graphs_cpu"}')
+    ]
+    assert served and float(served[0].split()[-1]) >= 1  # on the CPU every stream runs eagerly, and says so

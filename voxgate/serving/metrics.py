@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _RTF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
@@ -36,5 +40,23 @@ class Metrics:
                                     registry=r)  # fmt: skip
         self.ready = Gauge("voxgate_ready", "1 once warm-up has finished.", registry=r)
 
+    def watch_engine(self, counters: Callable[[], dict[str, dict[str, float]]]) -> None:
+        """Export an engine's own counters (e.g. CUDA-graph replays, eager fallbacks) on scrape."""
+        self.registry.register(_EngineCounters(counters))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _EngineCounters(Collector):
+    """`voxgate_engine_<group>_total{name=...}` from the engine's `counters()` at scrape time."""
+
+    def __init__(self, counters: Callable[[], dict[str, dict[str, float]]]) -> None:
+        self.counters = counters
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        for group, values in self.counters().items():
+            family = CounterMetricFamily(f"voxgate_engine_{group}", f"Engine counter: {group}.", labels=["name"])
+            for name, value in values.items():
+                family.add_metric([name], value)
+            yield family

@@ -77,6 +77,9 @@ class ServerState:
             self.startup_error = f"{type(exc).__name__}: {exc}"
             log.exception("start-up failed")
             return
+        counters = getattr(self.engine, "counters", None)
+        if callable(counters):
+            self.metrics.watch_engine(counters)
         self.ready = True
         self.metrics.ready.set(1)
         log.info(

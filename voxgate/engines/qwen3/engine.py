@@ -69,12 +69,15 @@ class Qwen3Engine:
         self.static: StaticDecoder | None = None
         self.codec_step: StaticCodecStep | None = None
         on_gpu = checkpoint.talker.codec_head.weight.device.type == "cuda"
+        self.eager_reason = "cpu" if not on_gpu else "disabled" if not cuda_graphs else None
         if on_gpu and cuda_graphs and min(self.sampling.top_p, self.sampling.subtalker_top_p) < 1.0:
+            self.eager_reason = "top_p"
             log.warning("top_p < 1 is not in the captured sampler yet: decoding eagerly")
         elif on_gpu and cuda_graphs:
             self.static = StaticDecoder(checkpoint.talker, self.sampling, compile_bodies=compile_graphs)
             self.codec_step = StaticCodecStep(checkpoint.codec, packet_frames)
-        self._lock = threading.Lock()  # one stream at a time on this eager engine (batching: issue 4)
+        self._lock = threading.Lock()  # one stream at a time until the batched runner lands (issue 4)
+        self._streams_served = 0
         self.kind = checkpoint.config.model_type
         names = checkpoint.config.talker.language_ids
         self.languages = tuple(code for code, name in _LANGUAGES.items() if name in names)
@@ -93,6 +96,20 @@ class Qwen3Engine:
             self.clones = VoiceStore(checkpoint.speaker.embed, encode, self._preroll)
         else:
             raise EngineFailure(f"unsupported Qwen3-TTS model type {self.kind!r}")
+
+    def counters(self) -> dict[str, dict[str, float]]:
+        """Numbers for /metrics: graph use, replays, and eager fallbacks by reason."""
+        fallbacks: dict[str, float] = {}
+        replays = {"talker_and_code_predictor": 0.0, "codec_decoder": 0.0}
+        if self.static is not None and self.codec_step is not None:
+            replays = {
+                "talker_and_code_predictor": float(self.static.stats.replays),
+                "codec_decoder": float(self.codec_step.stats.replays),
+            }
+            fallbacks.update({k: float(v) for k, v in self.codec_step.stats.eager_fallbacks.items()})
+        if self.eager_reason is not None:
+            fallbacks[f"no_graphs_{self.eager_reason}"] = float(self._streams_served)
+        return {"graph_replays": replays, "eager_fallbacks": fallbacks}
 
     def voices(self) -> list[VoiceInfo]:
         if self.clones is None:
@@ -177,6 +194,7 @@ class Qwen3Engine:
                 log.info("frame limit %d cut to %d by the KV cache", limit, room)
                 limit = room
         with self._lock:
+            self._streams_served += 1
             if self.static is not None:
                 frames = self.static.generate(prompt, cancel, limit, request.seed)
             else:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -41,12 +41,13 @@ def gumbel_pick(logits: torch.Tensor, noise: torch.Tensor, temperature: float, t
 
 @dataclass
 class GraphStats:
+    """Counts of graph replays and of work that ran eagerly instead, by reason."""
+
     captured: bool = False
     replays: int = 0
-    eager_fallbacks: dict[str, int] | None = None
+    eager_fallbacks: dict[str, int] = field(default_factory=dict)
 
     def fallback(self, reason: str) -> None:
-        self.eager_fallbacks = self.eager_fallbacks or {}
         self.eager_fallbacks[reason] = self.eager_fallbacks.get(reason, 0) + 1
 
 
@@ -207,6 +208,7 @@ class StaticCodecStep:
         self.state.freeze(weight.device)
         self.out = torch.zeros(1, packet * codec.config.samples_per_frame, dtype=weight.dtype, device=weight.device)
         self.frames = 0
+        self.stats = GraphStats()
         self._graph: torch.cuda.CUDAGraph | None = None
         if use_graphs and weight.device.type == "cuda":
             self._capture()
@@ -227,6 +229,7 @@ class StaticCodecStep:
             self._body()
         torch.cuda.synchronize()
         self.reset()
+        self.stats.captured = True
         log.info("captured the codec decoder step for %d-frame packets", self.packet)
 
     def reset(self, context: DecoderState | None = None) -> None:
@@ -248,7 +251,9 @@ class StaticCodecStep:
             self.codes.copy_(codes)
             if self._graph is not None:
                 self._graph.replay()
+                self.stats.replays += 1
             else:
                 self._body()
             return self.out.clone()
+        self.stats.fallback("short_last_packet")
         return self.codec.decode(codes, self.state)
