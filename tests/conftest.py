@@ -77,3 +77,13 @@ def wait_for(predicate, timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+def tone_pcm(text: str, voice: str = "tone") -> bytes:
+    """What the tone engine says for `text`, as the server's default pcm16 at 24 kHz."""
+    from voxgate.audio import pcm16_bytes
+    from voxgate.engines.base import collect
+    from voxgate.engines.tone import ToneEngine
+    from voxgate.types import SynthesisRequest
+
+    return pcm16_bytes(collect(ToneEngine(), SynthesisRequest(text=text, voice=voice)).samples)

@@ -10,15 +10,11 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import metric, timing_row, wait_for
+from tests.conftest import metric, timing_row, tone_pcm, wait_for
 from voxgate.audio import mulaw_decode, pcm16_bytes, resample, to_pcm16
 from voxgate.engines.base import collect
 from voxgate.engines.tone import ToneEngine
 from voxgate.types import SynthesisRequest
-
-
-def tone_pcm(text: str, voice: str = "tone") -> bytes:
-    return pcm16_bytes(collect(ToneEngine(), SynthesisRequest(text=text, voice=voice)).samples)
 
 
 def post(server, body, **kw) -> httpx.Response:

@@ -11,14 +11,7 @@ import httpx
 import openai
 import pytest
 
-from voxgate.audio import pcm16_bytes
-from voxgate.engines.base import collect
-from voxgate.engines.tone import ToneEngine
-from voxgate.types import SynthesisRequest
-
-
-def expected_pcm(text: str) -> bytes:
-    return pcm16_bytes(collect(ToneEngine(), SynthesisRequest(text=text, voice="tone")).samples)
+from tests.conftest import tone_pcm
 
 
 @pytest.fixture
@@ -28,7 +21,7 @@ def client(tone_server) -> openai.OpenAI:
 
 def test_pcm_via_openai_client(client):
     audio = client.audio.speech.create(model="tts-1", voice="alloy", input="hello from openai", response_format="pcm")
-    assert audio.content == expected_pcm("hello from openai")  # 24 kHz, as OpenAI's pcm
+    assert audio.content == tone_pcm("hello from openai")  # 24 kHz, as OpenAI's pcm
 
 
 def test_streaming_wav_via_openai_client(client):
@@ -38,7 +31,7 @@ def test_streaming_wav_via_openai_client(client):
         data = b"".join(response.iter_bytes())
     with wave.open(io.BytesIO(data)) as w:
         assert w.getframerate() == 24000
-        assert w.readframes(10**6) == expected_pcm("streamed wav")
+        assert w.readframes(10**6) == tone_pcm("streamed wav")
 
 
 def test_sse_stream_format(tone_server):
@@ -49,7 +42,7 @@ def test_sse_stream_format(tone_server):
     events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
     assert {e["type"] for e in events[:-1]} == {"speech.audio.delta"}
     assert events[-1]["type"] == "speech.audio.done" and events[-1]["usage"]["input_tokens"] == 3
-    assert b"".join(base64.b64decode(e["audio"]) for e in events[:-1]) == expected_pcm("server sent events")
+    assert b"".join(base64.b64decode(e["audio"]) for e in events[:-1]) == tone_pcm("server sent events")
 
 
 def test_sse_through_the_openai_client(client):
@@ -58,7 +51,7 @@ def test_sse_through_the_openai_client(client):
     ) as response:
         events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
     audio = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
-    assert audio == expected_pcm("sse via sdk") and events[-1]["type"] == "speech.audio.done"
+    assert audio == tone_pcm("sse via sdk") and events[-1]["type"] == "speech.audio.done"
 
 
 @pytest.mark.parametrize(
