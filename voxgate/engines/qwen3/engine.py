@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -183,9 +184,8 @@ class Qwen3Engine:
                 language=language,
                 instruct=instruct,
             )
-        params = self.sampling if request.seed is None else _with_seed(self.sampling, request.seed)
-        text_tokens = len(self.ck.tokenizer.encode(request.text, add_special_tokens=False).ids)
-        limit = max_frames_for(text_tokens, params)
+        params = self.sampling if request.seed is None else replace(self.sampling, seed=request.seed)
+        limit = max_frames_for(prompt.text_tokens, params)
         if self.static is not None:
             room = self.static.capacity - prompt.embeds.shape[1] - 1
             if room < 64:
@@ -229,12 +229,6 @@ class Qwen3Engine:
 
     def close(self) -> None:
         return None
-
-
-def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
-    from dataclasses import replace
-
-    return replace(params, seed=seed)
 
 
 def create(settings: Settings) -> Qwen3Engine:

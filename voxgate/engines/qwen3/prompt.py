@@ -54,6 +54,7 @@ class Prompt:
     embeds: torch.Tensor
     trailing: torch.Tensor  # (1, N, H)
     pad: torch.Tensor  # (1, H): fed once the trailing text is used up
+    text_tokens: int = 0  # tokens of the text to speak (for the length guard)
 
 
 class PromptBuilder:
@@ -150,7 +151,7 @@ class PromptBuilder:
             rows.append(text_rows + codec_pad)
             rows.append((self.tts_pad + codec_bos)[None])
             trailing = self.tts_pad[None]
-        return Prompt(torch.cat(rows)[None], trailing[None], self.tts_pad[None])
+        return Prompt(torch.cat(rows)[None], trailing[None], self.tts_pad[None], body.shape[1])
 
     def _icl_rows(
         self,
