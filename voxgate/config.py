@@ -80,6 +80,14 @@ class Settings(BaseSettings):
         False, description="qwen3: torch.compile the graph bodies at start-up (GPU; ~2.5 min, ~1.6x faster frames)."
     )
     qwen3_packet_frames: int = Field(1, ge=1, le=64, description="qwen3: 80 ms frames decoded per audio packet.")
+    qwen3_batched: bool | None = Field(
+        None, description="qwen3: decode all streams together in one runner (default: on a GPU only)."
+    )
+    qwen3_max_streams: int = Field(64, ge=1, le=64, description="qwen3: streams decoded together (batched mode).")
+    qwen3_max_waiting: int = Field(256, ge=0, description="qwen3: streams that may queue before `busy` (batched).")
+    qwen3_kv_capacity: int = Field(
+        2048, ge=128, le=8192, description="qwen3: talker KV positions per stream (prompt + frames; batched mode)."
+    )
 
     @field_validator("api_keys", "starter_phrases", "voice_aliases", mode="before")
     @classmethod

@@ -52,8 +52,16 @@ def test_make_random_checkpoint_and_bench_tts_commands(tmp_path):
                            capture_output=True, text=True, timeout=300)  # fmt: skip
     assert bench.returncode == 0, bench.stderr
     result = json.loads(report.read_text())["result"]
-    assert result["frames"] == 4 and set(result["packets"]) == {"1", "2"}
-    assert result["codes_ms_per_frame"] > 0
+    assert result["mode"] == "eager" and result["frames"] == 4 and set(result["packets"]) == {"1", "2"}
+    assert result["packets"]["1"]["rtf"] > 0 and result["packets"]["1"]["ttfa_ms_p50"] > 0
+    batched = subprocess.run([*run, "bench", "tts", "--model-dir", str(out), "--frames", "4", "--runs", "1",
+                              "--packet-frames", "1", "--mode", "batched", "--concurrency", "1,3",
+                              "--output-json", str(report)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert batched.returncode == 0, batched.stderr
+    result = json.loads(report.read_text())["result"]
+    assert result["mode"] == "batched" and [row["streams"] for row in result["concurrency"]] == [1, 3]
+    assert all(not row["errors"] and row["audio_s_per_s"] > 0 for row in result["concurrency"])
+    assert "| streams |" in batched.stdout
 
 
 def test_unknown_model_name_is_refused(tmp_path):

@@ -6,17 +6,32 @@ from voxgate.engines.qwen3.scheduler import Scheduler
 from voxgate.types import Busy, NotFound
 
 
-def test_admits_into_free_slots_a_few_prefills_per_step():
+def test_admits_into_free_rows_a_few_prefills_per_step():
     s = Scheduler(max_running=4, max_prefills_per_step=2)
+    assert s.plan().bucket == 0  # nothing to run
     for name in "abcde":
         s.add(name)
     first = s.plan()
-    assert first.prefill == ("a", "b") and first.decode == () and first.bucket == 0
+    assert first.prefill == (("a", 0), ("b", 1)) and first.decode == (("a", 0), ("b", 1)) and first.bucket == 2
     second = s.plan()
-    assert second.prefill == ("c", "d") and second.decode == ("a", "b") and second.bucket == 2
+    assert second.prefill == (("c", 2), ("d", 3)) and len(second.decode) == 4 and second.bucket == 4
     third = s.plan()
-    assert third.prefill == () and third.decode == ("a", "b", "c", "d") and third.bucket == 4
+    assert third.prefill == () and [i for i, _ in third.decode] == ["a", "b", "c", "d"]
     assert s.waiting == 1 and s.position("e") == 0
+
+
+def test_a_freed_row_is_reused_and_the_bucket_covers_the_highest_row_in_use():
+    s = Scheduler(max_running=8, max_prefills_per_step=8)
+    for name in "abc":
+        s.add(name)
+    s.plan()
+    s.finish("a")  # row 0 frees; b and c keep rows 1 and 2
+    assert s.plan().bucket == 4  # rows up to 2 are in use: bucket 4
+    s.add("d")
+    plan = s.plan()
+    assert plan.prefill == (("d", 0),)  # the lowest free row
+    s.finish("c")
+    assert s.plan().bucket == 2  # rows 0 and 1
 
 
 def test_higher_priority_is_admitted_first_then_arrival_order():
@@ -25,9 +40,9 @@ def test_higher_priority_is_admitted_first_then_arrival_order():
     s.add("background-2", priority=0)
     s.add("live-turn", priority=10)
     assert s.position("live-turn") == 0 and s.position("background-2") == 2
-    assert s.plan().prefill == ("live-turn",)
+    assert s.plan().prefill == (("live-turn", 0),)
     s.finish("live-turn")
-    assert s.plan().prefill == ("background-1",)
+    assert s.plan().prefill == (("background-1", 0),)
 
 
 def test_cancel_frees_a_running_slot_or_a_queue_place_at_once():
@@ -39,7 +54,7 @@ def test_cancel_frees_a_running_slot_or_a_queue_place_at_once():
     s.cancel("a")  # running
     s.cancel("c")  # waiting
     assert s.running == 0 and s.waiting == 1
-    assert s.plan().prefill == ("b",)
+    assert s.plan().prefill == (("b", 0),)
     s.cancel("unknown")  # already gone: no error
 
 

@@ -1,9 +1,14 @@
-"""`voxgate bench tts`: the qwen3 engine's per-frame cost, TTFA and RTF, as JSON.
+"""`voxgate bench tts`: the qwen3 engine's TTFA, RTF and throughput, as JSON and a table.
 
-Loads a checkpoint, warms up, then for a fixed number of frames (EOS blocked, so random
-weights give a fixed length) times: the prefill, code generation (talker + code predictor)
-per frame, the incremental codec decode per packet, and the whole stream (TTFA = first PCM
-out, RTF) for each packet size. The first run of each measurement is untimed warm-up.
+Loads a checkpoint, starts the engine (on a GPU: the batched runner with its CUDA graphs),
+warms up, then times whole requests through `Qwen3Engine.stream`, from the call to the first
+PCM out (TTFA) and to the last (RTF = wall time / audio time). Every utterance has exactly
+`--frames` frames (EOS is blocked, so random weights give a fixed length). Two tables:
+1. one stream at a time, for each packet size;
+2. N streams started together, for each concurrency: TTFA p50/p95, the worst stream's RTF,
+   aggregate audio-seconds per wall-second, peak GPU memory.
+`--peer faster-qwen3-tts` runs the peer on the same checkpoint in the same process for
+side-by-side rows (see `voxgate.bench.peer`).
 """
 
 from __future__ import annotations
@@ -11,24 +16,35 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from voxgate.bench.stats import machine
+from voxgate.bench.stats import machine, percentile
+
+TEXT = (
+    "The quick brown fox jumps over the lazy dog, and then it runs far away into the woods, "
+    "where nobody will ever find it again."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-dir", required=True, help="Qwen3-TTS checkpoint directory (official layout)")
     parser.add_argument("--frames", type=int, default=40, help="frames per utterance (80 ms each; default 40)")
-    parser.add_argument("--packet-frames", default="1,4", help="packet sizes to time (default 1,4)")
-    parser.add_argument("--runs", type=int, default=3, help="timed runs per measurement (default 3)")
+    parser.add_argument("--packet-frames", default="1,4", help="packet sizes for the single-stream table (default 1,4)")
+    parser.add_argument("--concurrency", default="", help="stream counts for the concurrency table, e.g. 1,4,16,64")
+    parser.add_argument("--runs", type=int, default=3, help="timed requests per single-stream row (default 3)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
-    parser.add_argument("--no-graphs", action="store_true", help="eager decode loop even on a GPU")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the graph bodies before capture")
+    parser.add_argument("--no-graphs", action="store_true", help="batched decoding without CUDA graphs")
+    parser.add_argument("--mode", default="auto", choices=["auto", "batched", "eager"],
+                        help="batched runner or one-stream eager path (auto: batched on a GPU only)")  # fmt: skip
+    parser.add_argument("--compile", action="store_true", help="torch.compile the step before capture")
+    parser.add_argument("--max-streams", type=int, default=0, help="batch rows (default: the largest concurrency)")
+    parser.add_argument("--peer", default=None, choices=["faster-qwen3-tts"], help="also run this peer")
     parser.add_argument("--output-json", default=None)
 
 
@@ -39,101 +55,166 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _one(engine: Any, text: str, voice: str | None, seed: int, frames: int) -> dict[str, float]:
+    from voxgate.types import CancelToken, SynthesisRequest
+
+    instructions = None if voice else "A calm voice."  # VoiceDesign checkpoints have no speakers
+    request = SynthesisRequest(text=text, voice=voice or "design", seed=seed, instructions=instructions)
+    start = time.perf_counter()
+    first = None
+    samples = 0
+    for chunk in engine.stream(request, CancelToken()):
+        first = first if first is not None else time.perf_counter() - start
+        samples += len(chunk.samples)
+    wall = time.perf_counter() - start
+    audio = samples / engine.sample_rate
+    if samples != frames * engine.ck.codec.config.samples_per_frame:
+        raise RuntimeError(f"expected {frames} frames, got {samples} samples")
+    return {"ttfa_s": first or wall, "wall_s": wall, "audio_s": audio}
+
+
+def _single(engine: Any, voice: str | None, args: argparse.Namespace, packet: int) -> dict[str, Any]:
+    engine.packet_frames = packet
+    _one(engine, TEXT, voice, 0, args.frames)  # warm-up
+    runs = [_one(engine, TEXT, voice, i, args.frames) for i in range(args.runs)]
+    ttfa = [r["ttfa_s"] * 1000 for r in runs]
+    wall = statistics.median(r["wall_s"] for r in runs)
+    return {
+        "ttfa_ms_p50": round(statistics.median(ttfa), 1),
+        "ttfa_ms_p95": round(percentile(ttfa, 95), 1),
+        "rtf": round(wall / runs[0]["audio_s"], 4),
+        "ms_per_frame": round(1000 * statistics.median(r["wall_s"] - r["ttfa_s"] for r in runs) / (args.frames - 1), 2),
+    }
+
+
+def _concurrent(engine: Any, voice: str | None, args: argparse.Namespace, n: int) -> dict[str, Any]:
+    import torch
+
+    engine.packet_frames = 1
+    results: list[dict[str, float]] = []
+    errors: list[str] = []
+    gate = threading.Barrier(n + 1)
+
+    def worker(i: int) -> None:
+        gate.wait()
+        try:
+            results.append(_one(engine, TEXT, voice, 1000 + i, args.frames))
+        except Exception as exc:  # reported, not raised: one failure must not hide the others' numbers
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    gate.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    ttfa = [r["ttfa_s"] * 1000 for r in results]
+    row: dict[str, Any] = {
+        "streams": n,
+        "errors": errors,
+        "ttfa_ms_p50": round(statistics.median(ttfa), 1) if ttfa else None,
+        "ttfa_ms_p95": round(percentile(ttfa, 95), 1) if ttfa else None,
+        "worst_rtf": round(max(r["wall_s"] / r["audio_s"] for r in results), 4) if results else None,
+        "audio_s_per_s": round(sum(r["audio_s"] for r in results) / wall, 1),
+    }
+    if args.device.startswith("cuda"):
+        row["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return row
+
+
 def run_tts_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from voxgate.engines.qwen3.codec import DecoderState
     from voxgate.engines.qwen3.config import SamplingParams
-    from voxgate.engines.qwen3.generate import generate_codes
-    from voxgate.engines.qwen3.graphs import StaticCodecStep, StaticDecoder
+    from voxgate.engines.qwen3.engine import Qwen3Engine
     from voxgate.engines.qwen3.loader import load_checkpoint
-    from voxgate.engines.qwen3.prompt import PromptBuilder
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    packets = [int(p) for p in args.packet_frames.split(",") if p]
     dtype = getattr(torch, args.dtype)
     t0 = time.perf_counter()
     ck = load_checkpoint(Path(args.model_dir), args.device, dtype)
     load_s = time.perf_counter() - t0
-    speaker = next(iter(sorted(ck.config.talker.speaker_ids)), None)
-    instruct = "A calm voice." if ck.config.model_type == "voice_design" else None
-    builder = PromptBuilder(ck.config, ck.tokenizer, ck.talker)
-    text = "The quick brown fox jumps over the lazy dog, and then it runs far away into the woods."
+    voice = next(iter(sorted(ck.config.talker.speaker_ids)), None)
     n = args.frames
-    params = SamplingParams(seed=0, min_new_tokens=n + 1, max_new_tokens=n + 1)  # exactly n frames
-    print(f"loaded {ck.model_dir.name} ({args.device}, {args.dtype}) in {load_s:.1f} s; {n} frames per run", flush=True)
+    params = SamplingParams(min_new_tokens=n + 1, max_new_tokens=n + 1)  # exactly n frames
+    print(f"loaded {ck.model_dir.name} ({args.device}, {args.dtype}) in {load_s:.1f} s; {n} frames per request")
+    t1 = time.perf_counter()
+    engine = Qwen3Engine(
+        ck,
+        sampling=params,
+        cuda_graphs=not args.no_graphs,
+        compile_graphs=args.compile,
+        batched={"auto": None, "batched": True, "eager": False}[args.mode],
+        max_streams=args.max_streams or max([1, *concurrency]),
+        max_waiting=max([256, *concurrency]),
+    )
+    start_s = time.perf_counter() - t1
+    mode = "eager" if engine.runner is None else "batched+graphs" if engine.eager_reason is None else "batched"
+    print(f"engine ready in {start_s:.1f} s ({mode})", flush=True)
+    result: dict[str, Any] = {"mode": mode, "compiled": args.compile, "load_s": round(load_s, 2),
+                              "start_s": round(start_s, 1), "frames": n, "packets": {}, "concurrency": []}  # fmt: skip
+    try:
+        engine.warmup()
+        for packet in packets:
+            row = _single(engine, voice, args, packet)
+            result["packets"][str(packet)] = row
+            print(f"packet {packet}: TTFA p50 {row['ttfa_ms_p50']} ms, RTF {row['rtf']}", flush=True)
+        for c in concurrency:
+            row = _concurrent(engine, voice, args, c)
+            result["concurrency"].append(row)
+            print(f"{c} streams: TTFA p95 {row['ttfa_ms_p95']} ms, worst RTF {row['worst_rtf']}, "
+                  f"{row['audio_s_per_s']} audio-s/s", flush=True)  # fmt: skip
+        if args.device.startswith("cuda"):
+            result["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    finally:
+        engine.close()
+    if args.peer:
+        from voxgate.bench.peer import run_faster_qwen3_tts
 
-    static = None
-    if args.device.startswith("cuda") and not args.no_graphs:
-        t1 = time.perf_counter()
-        static = StaticDecoder(ck.talker, params, capacity=1024, compile_bodies=args.compile)
-        print(f"captured CUDA graphs in {time.perf_counter() - t1:.1f} s", flush=True)
-
-    def codes_once() -> tuple[float, float, Any]:
-        _sync(args.device)
-        start = time.perf_counter()
-        prompt = builder.build(text, speaker=speaker, language="english", instruct=instruct)
-        frames = static.generate(prompt, seed=0) if static else generate_codes(ck.talker, prompt, params)
-        first = next(frames)
-        _sync(args.device)
-        t_first = time.perf_counter() - start
-        rest = list(frames)
-        _sync(args.device)
-        return t_first, time.perf_counter() - start, torch.stack([first, *rest], dim=1)[None]
-
-    steps: dict[int, Any] = {}
-
-    def decode_once(codes: Any, packet: int) -> float:
-        state = DecoderState()
-        if static is not None and packet not in steps:
-            steps[packet] = StaticCodecStep(ck.codec, packet)
-        step = steps.get(packet)
-        if step is not None:
-            step.reset()
-        _sync(args.device)
-        start = time.perf_counter()
-        for i in range(0, codes.shape[-1], packet):
-            chunk = codes[..., i : i + packet]
-            if step is not None:
-                step.decode(chunk)
-            else:
-                ck.codec.decode(chunk, state)
-        _sync(args.device)
-        return time.perf_counter() - start
-
-    codes_once()  # warm-up
-    runs = [codes_once() for _ in range(args.runs)]
-    codes = runs[-1][2]
-    gen_first = statistics.median(r[0] for r in runs)
-    gen_total = statistics.median(r[1] for r in runs)
-    audio_s = n * 0.08
-    result: dict[str, Any] = {
-        "cuda_graphs": static is not None,
-        "compiled": bool(static is not None and args.compile),
-        "load_s": round(load_s, 2),
-        "frames": n,
-        "codes_first_frame_ms": round(1000 * gen_first, 1),
-        "codes_ms_per_frame": round(1000 * (gen_total - gen_first) / max(1, n - 1), 2),
-        "packets": {},
-    }
-    for packet in [int(p) for p in args.packet_frames.split(",")]:
-        decode_once(codes, packet)  # warm-up
-        dec = statistics.median(decode_once(codes, packet) for _ in range(args.runs))
-        dec_first = decode_once(codes[..., :packet], packet)
-        ttfa = gen_first + (result["codes_ms_per_frame"] / 1000) * (packet - 1) + dec_first
-        total = gen_total + dec
-        result["packets"][str(packet)] = {
-            "decode_ms_per_frame": round(1000 * dec / n, 2),
-            "ttfa_ms": round(1000 * ttfa, 1),
-            "rtf": round(total / audio_s, 3),
+        del engine
+        torch.cuda.empty_cache() if args.device.startswith("cuda") else None
+        peer = run_faster_qwen3_tts(str(args.model_dir), TEXT, voice, "english", n, packets, args.runs, args.device,
+                                    args.dtype)  # fmt: skip
+        result["peer"] = peer
+        result["ratios"] = {
+            p: {
+                "ttfa": _ratio(peer["packets"].get(p, {}).get("ttfa_ms_p50"), row["ttfa_ms_p50"]),
+                "rtf": _ratio(peer["packets"].get(p, {}).get("rtf"), row["rtf"]),
+            }
+            for p, row in result["packets"].items()
         }
-        print(f"packet {packet}: TTFA {1000 * ttfa:.0f} ms, RTF {total / audio_s:.3f}", flush=True)
+    report = _report(args, ck, result)
     stamp = datetime.now(UTC)
-    report = {
+    out = Path(args.output_json or f"bench/results/tts-{stamp:%Y%m%d-%H%M%S}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(table(result))
+    print(f"wrote {out}")
+    return 0
+
+
+def _ratio(peer: float | None, ours: float | None) -> float | None:
+    """How many times better we are (peer / ours; > 1 means faster)."""
+    return round(peer / ours, 2) if peer and ours else None
+
+
+def _report(args: argparse.Namespace, ck: Any, result: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    skip = ("func", "command", "bench")
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in skip and v not in
+                     (None, False, ""))  # fmt: skip
+    return {
         "bench": "tts",
-        "date": stamp.isoformat(timespec="seconds"),
-        "command": "voxgate bench tts " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-                                                   if k not in ("func", "command", "bench") and v is not None),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": f"voxgate bench tts {flags}",
         "machine": {
             **machine(),
             "torch": torch.__version__,
@@ -144,10 +225,24 @@ def run_tts_bench(args: argparse.Namespace) -> int:
         "model": ck.model_dir.name,
         "model_type": ck.config.model_type,
         "result": result,
-    }  # fmt: skip
-    out = Path(args.output_json or f"bench/results/tts-{stamp:%Y%m%d-%H%M%S}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-    print(f"wrote {out}")
-    return 0
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    """The result as Markdown tables (single stream per packet size; concurrency)."""
+    lines = ["| packet frames | TTFA p50 ms | TTFA p95 ms | RTF | ms/frame |", "|---|---|---|---|---|"]
+    peer = result.get("peer", {}).get("packets", {})
+    for p, row in result["packets"].items():
+        lines.append(f"| {p} | {row['ttfa_ms_p50']} | {row['ttfa_ms_p95']} | {row['rtf']} | {row['ms_per_frame']} |")
+        if p in peer:
+            other = peer[p]
+            lines.append(f"| {p} (peer) | {other.get('ttfa_ms_p50')} | {other.get('ttfa_ms_p95')} | {other.get('rtf')} "
+                         f"| {other.get('ms_per_frame')} |")  # fmt: skip
+    if result["concurrency"]:
+        lines += ["", "| streams | TTFA p50 ms | TTFA p95 ms | worst RTF | audio-s per s | peak GiB | errors |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for row in result["concurrency"]:
+            cells = [row["streams"], row["ttfa_ms_p50"], row["ttfa_ms_p95"], row["worst_rtf"], row["audio_s_per_s"],
+                     row.get("peak_gpu_gib", "-"), len(row["errors"])]  # fmt: skip
+            lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)

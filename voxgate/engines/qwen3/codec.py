@@ -105,6 +105,32 @@ class DecoderState:
         self.reset()
 
     @torch.inference_mode()
+    def freeze_rows(self, device: torch.device, batch: int) -> None:
+        """Like `freeze`, for a state made by a decode of `batch` rows, each row its own stream
+        with its own device-side position."""
+        self.position_t = torch.zeros(batch, dtype=torch.long, device=device)
+        self.reset()
+
+    def rows(self, n: int) -> DecoderState:
+        """A static state over the first `n` rows of this one (views: the same buffers)."""
+        assert self.position_t is not None and self.position_t.dim() == 1
+        tensors = {k: tuple(t[:n] for t in v) if isinstance(v, tuple) else v[:n] for k, v in self.tensors.items()}
+        return DecoderState(0, tensors, self.position_t[:n])
+
+    @torch.inference_mode()
+    def start_row(self, row: int, context: DecoderState | None = None) -> None:
+        """Row `row` starts a new stream: zeroed, or continuing from a one-row `context`."""
+        assert self.position_t is not None and self.position_t.dim() == 1
+        for key, held in self.tensors.items():
+            given = None if context is None else context.tensors[key]
+            for i, buffer in enumerate(held if isinstance(held, tuple) else (held,)):
+                if given is None:
+                    buffer[row].zero_()
+                else:
+                    buffer[row].copy_((given[i] if isinstance(given, tuple) else given)[0])
+        self.position_t[row] = 0 if context is None else context.position
+
+    @torch.inference_mode()
     def reset(self) -> None:
         """Back to the start of a stream, keeping the buffers (static states only)."""
         for held in self.tensors.values():
@@ -259,6 +285,8 @@ class _Attention(_Stateful):
             values = values.repeat_interleave(self.heads // self.kv_heads, dim=1)
         slots = torch.arange(self.window - 1 + t, device=x.device)
         start = state.position if state.position_t is None else state.position_t
+        if isinstance(start, torch.Tensor) and start.dim() == 1:  # batched streams at their own positions
+            start = start[:, None, None]
         valid = slots + (start - (self.window - 1)) >= 0  # slots before the first frame are empty
         out = ops.window_attention(q, keys, values, valid, self.window, self.head_dim**-0.5)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
@@ -306,9 +334,11 @@ class _Transformer(nn.Module):
         if state.position_t is None:
             positions = slice(state.position, state.position + t)
             cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        else:
-            index = state.position_t + torch.arange(t, device=x.device)
-            cos, sin = self.rope_cos.index_select(0, index), self.rope_sin.index_select(0, index)
+        else:  # device-side position(s); clamped so an idle batch row can never index past the table
+            index = (state.position_t[..., None] + torch.arange(t, device=x.device)).clamp(max=len(self.rope_cos) - 1)
+            cos, sin = self.rope_cos[index], self.rope_sin[index]
+            if index.dim() == 2:  # (B, T, D) -> (B, 1, T, D): one position per batch row
+                cos, sin = cos[:, None], sin[:, None]
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         h = self.input_proj(x)
         for layer in self.layers:
@@ -394,7 +424,8 @@ class CodecDecoder(nn.Module):
         state = state if state is not None else DecoderState()
         if codes.dim() != 3 or codes.shape[1] != self.config.num_quantizers:
             raise ValueError(f"codes must be (batch, {self.config.num_quantizers}, frames), got {tuple(codes.shape)}")
-        if state.position + codes.shape[-1] > self.config.max_position_embeddings:
+        batched = state.position_t is not None and state.position_t.dim() == 1  # the runner checks each row
+        if not batched and state.position + codes.shape[-1] > self.config.max_position_embeddings:
             raise ValueError(f"the codec decodes at most {self.config.max_position_embeddings} frames per stream")
         h = self.quantizer.decode(codes.clamp(min=0)).transpose(1, 2)  # (B, C, T)
         h = self.pre_conv(h, state).transpose(1, 2).contiguous()

@@ -1,14 +1,23 @@
 """The `qwen3` engine: prompt -> codes frame by frame -> incremental codec decode -> PCM.
 
-One packet of `packet_frames` frames is decoded as soon as it is generated, with the
-decoder's state carried across packets, so audio starts after the first frame and nothing
-is ever re-decoded. Voices are the checkpoint's speakers (CustomVoice) or one `design`
-voice whose description comes from the request's `instructions` (VoiceDesign).
+Every frame is decoded as soon as it is generated, with the decoder's state carried
+across frames, so audio starts after the first frame and nothing is ever re-decoded;
+`packet_frames` frames make one chunk. Voices are the checkpoint's speakers (CustomVoice),
+one `design` voice whose description comes from the request's `instructions`
+(VoiceDesign), or cloned voices (Base).
+
+Two ways to run: *batched* (the default on a GPU) — a runner thread steps every stream
+together through CUDA graphs (`batch.py`, `runner.py`), new streams queue by priority and
+a full queue answers `Busy`; *eager* (the default on the CPU) — one stream at a time,
+exactly the reference's sampling (`generate.py`).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import queue
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -20,12 +29,14 @@ import numpy as np
 import torch
 
 from voxgate.audio import resample
+from voxgate.engines.qwen3.batch import BatchDecoder
 from voxgate.engines.qwen3.codec import DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.generate import generate_codes, max_frames_for
-from voxgate.engines.qwen3.graphs import StaticCodecStep, StaticDecoder
 from voxgate.engines.qwen3.loader import Qwen3Checkpoint, load_checkpoint
-from voxgate.engines.qwen3.prompt import PromptBuilder
+from voxgate.engines.qwen3.prompt import Prompt, PromptBuilder
+from voxgate.engines.qwen3.runner import END, Job, Runner
+from voxgate.engines.qwen3.scheduler import Scheduler
 from voxgate.engines.qwen3.voices import VoiceStore
 from voxgate.types import (
     AudioChunk,
@@ -59,6 +70,10 @@ class Qwen3Engine:
         sampling: SamplingParams | None = None,
         cuda_graphs: bool = True,
         compile_graphs: bool = False,
+        batched: bool | None = None,
+        max_streams: int = 64,
+        max_waiting: int = 256,
+        kv_capacity: int = 2048,
     ):
         if packet_frames < 1:
             raise ValueError("packet_frames must be >= 1")
@@ -66,18 +81,26 @@ class Qwen3Engine:
         self.packet_frames = packet_frames
         self.sampling = sampling or SamplingParams.from_generation_config(checkpoint.generation)
         self.prompts = PromptBuilder(checkpoint.config, checkpoint.tokenizer, checkpoint.talker)
-        # On a GPU the decode loop runs through fixed-shape CUDA graphs captured here, at start-up.
-        self.static: StaticDecoder | None = None
-        self.codec_step: StaticCodecStep | None = None
         on_gpu = checkpoint.talker.codec_head.weight.device.type == "cuda"
-        self.eager_reason = "cpu" if not on_gpu else "disabled" if not cuda_graphs else None
-        if on_gpu and cuda_graphs and min(self.sampling.top_p, self.sampling.subtalker_top_p) < 1.0:
-            self.eager_reason = "top_p"
-            log.warning("top_p < 1 is not in the captured sampler yet: decoding eagerly")
-        elif on_gpu and cuda_graphs:
-            self.static = StaticDecoder(checkpoint.talker, self.sampling, compile_bodies=compile_graphs)
-            self.codec_step = StaticCodecStep(checkpoint.codec, packet_frames)
-        self._lock = threading.Lock()  # one stream at a time until the batched runner lands (issue 4)
+        self.runner: Runner | None = None
+        if on_gpu if batched is None else batched:  # captured at start-up, never during a request
+            decoder = BatchDecoder(
+                checkpoint.talker,
+                checkpoint.codec,
+                slots=max_streams,
+                capacity=kv_capacity,
+                use_graphs=cuda_graphs,
+                compile_bodies=compile_graphs,
+            )
+            self.runner = Runner(decoder, Scheduler(max_running=max_streams, max_waiting=max_waiting,
+                                                    buckets=decoder.buckets))  # fmt: skip
+        self.eager_reason = (
+            None
+            if self.runner is not None and self.runner.decoder.stats.captured
+            else ("cpu" if not on_gpu else "disabled")
+        )
+        self._lock = threading.Lock()  # the eager path: one stream at a time
+        self._ids = itertools.count()
         self._streams_served = 0
         self.kind = checkpoint.config.model_type
         names = checkpoint.config.talker.language_ids
@@ -99,18 +122,20 @@ class Qwen3Engine:
             raise EngineFailure(f"unsupported Qwen3-TTS model type {self.kind!r}")
 
     def counters(self) -> dict[str, dict[str, float]]:
-        """Numbers for /metrics: graph use, replays, and eager fallbacks by reason."""
+        """Numbers for /metrics: graph replays, eager work by reason, and the runner's load."""
         fallbacks: dict[str, float] = {}
-        replays = {"talker_and_code_predictor": 0.0, "codec_decoder": 0.0}
-        if self.static is not None and self.codec_step is not None:
-            replays = {
-                "talker_and_code_predictor": float(self.static.stats.replays),
-                "codec_decoder": float(self.codec_step.stats.replays),
-            }
-            fallbacks.update({k: float(v) for k, v in self.codec_step.stats.eager_fallbacks.items()})
+        replays = {"decode_step": 0.0}
+        load: dict[str, float] = {}
+        if self.runner is not None:
+            stats, run = self.runner.decoder.stats, self.runner.stats
+            replays["decode_step"] = float(stats.replays)
+            fallbacks.update({k: float(v) for k, v in stats.eager_fallbacks.items()})
+            running, waiting = self.runner.load()
+            load = {"running": float(running), "waiting": float(waiting), "steps": float(run.steps),
+                    "admitted": float(run.admitted), "queue_seconds": run.queue_seconds}  # fmt: skip
         if self.eager_reason is not None:
             fallbacks[f"no_graphs_{self.eager_reason}"] = float(self._streams_served)
-        return {"graph_replays": replays, "eager_fallbacks": fallbacks}
+        return {"graph_replays": replays, "eager_fallbacks": fallbacks, "streams": load}
 
     def voices(self) -> list[VoiceInfo]:
         if self.clones is None:
@@ -152,8 +177,7 @@ class Qwen3Engine:
             prompt = self.prompts.build("Warm up.", instruct="A clear voice.")
         else:
             prompt = self.prompts.build("Warm up.", speaker=self._voices[0].id)
-        frames = generate_codes(self.ck.talker, prompt, self.sampling, CancelToken(), max_new_tokens=4)
-        for _ in self._decode_packets(frames, CancelToken()):
+        for _ in self._frames(prompt, self.sampling, 5, 0, CancelToken()):
             pass
 
     def stream(self, request: SynthesisRequest, cancel: CancelToken) -> Iterator[AudioChunk]:
@@ -186,49 +210,78 @@ class Qwen3Engine:
             )
         params = self.sampling if request.seed is None else replace(self.sampling, seed=request.seed)
         limit = max_frames_for(prompt.text_tokens, params)
-        if self.static is not None:
-            room = self.static.capacity - prompt.embeds.shape[1] - 1
-            if room < 64:
+        if self.runner is not None:
+            decoder = self.runner.decoder
+            room = decoder.frame_room(prompt.embeds.shape[1])
+            if room < 64 or prompt.trailing.shape[1] > decoder.max_text_rows:
                 raise TextTooLong("the text is too long for the decoder's KV cache; split it into sentences")
             if room < limit:
                 log.info("frame limit %d cut to %d by the KV cache", limit, room)
                 limit = room
-        with self._lock:
-            self._streams_served += 1
-            if self.static is not None:
-                frames = self.static.generate(prompt, cancel, limit, request.seed)
-            else:
-                frames = generate_codes(self.ck.talker, prompt, params, cancel, limit)
-            yield from self._decode_packets(frames, cancel, context)
+        frames = self._frames(prompt, params, limit, request.priority, cancel, context)
+        yield from self._chunks(frames, cancel)
 
-    def _decode_packets(
-        self, frames: Iterator[torch.Tensor], cancel: CancelToken, context: DecoderState | None = None
-    ) -> Iterator[AudioChunk]:
-        state = context.copy() if context is not None else DecoderState()
-        if self.codec_step is not None:
-            self.codec_step.reset(context)
-        packet: list[torch.Tensor] = []
-        seq = 0
-        for frame in frames:
-            packet.append(frame)
-            if len(packet) == self.packet_frames:
-                yield self._chunk(packet, state, seq)
-                packet, seq = [], seq + 1
+    def _frames(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        limit: int,
+        priority: int,
+        cancel: CancelToken,
+        context: DecoderState | None = None,
+    ) -> Iterator[np.ndarray]:
+        """PCM as it is made: per frame from the runner, or per packet eagerly, one stream at a time."""
+        self._streams_served += 1
+        if self.runner is None:
+            with self._lock:
+                state = context.copy() if context is not None else DecoderState()
+                packet: list[torch.Tensor] = []
+                for frame in generate_codes(self.ck.talker, prompt, params, cancel, limit):
+                    packet.append(frame)
+                    if len(packet) == self.packet_frames:
+                        yield self.ck.codec.decode(torch.stack(packet, dim=1)[None], state)[0].float().cpu().numpy()
+                        packet = []
+                if packet and not cancel.cancelled:
+                    yield self.ck.codec.decode(torch.stack(packet, dim=1)[None], state)[0].float().cpu().numpy()
+            return
+        seed = params.seed if params.seed is not None else secrets.randbits(31)
+        job = Job(f"s{next(self._ids)}", prompt, params, seed, limit, cancel, priority, context)
+        self.runner.submit(job)  # Busy when the queue is full
+        try:
+            while True:
+                try:
+                    item = job.frames.get(timeout=0.01)
+                except queue.Empty:
+                    if cancel.cancelled:
+                        return
+                    continue
+                if item is END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            job.closed = True  # the runner frees the row at its next step
+
+    def _chunks(self, pieces: Iterator[np.ndarray], cancel: CancelToken) -> Iterator[AudioChunk]:
+        """One chunk per `packet_frames` frames of PCM (the last one may be shorter)."""
+        size = self.packet_frames * self.ck.codec.config.samples_per_frame
+        held: list[np.ndarray] = []
+        samples, seq = 0, 0
+        for pcm in pieces:
+            held.append(pcm)
+            samples += len(pcm)
+            if samples >= size:
+                yield AudioChunk(np.concatenate(held), SAMPLE_RATE, seq, t_ready=time.perf_counter())
+                held, samples, seq = [], 0, seq + 1
             if cancel.cancelled:
                 return
-        if packet:
-            yield self._chunk(packet, state, seq)
-
-    def _chunk(self, packet: list[torch.Tensor], state: DecoderState, seq: int) -> AudioChunk:
-        codes = torch.stack(packet, dim=1)[None]  # (1, 16, P)
-        if self.codec_step is not None:
-            pcm = self.codec_step.decode(codes)[0].float().cpu().numpy()
-        else:
-            pcm = self.ck.codec.decode(codes, state)[0].float().cpu().numpy()
-        return AudioChunk(pcm, SAMPLE_RATE, seq, t_ready=time.perf_counter())
+        if held:
+            yield AudioChunk(np.concatenate(held), SAMPLE_RATE, seq, t_ready=time.perf_counter())
 
     def close(self) -> None:
-        return None
+        if self.runner is not None:
+            self.runner.close()
 
 
 def create(settings: Settings) -> Qwen3Engine:
@@ -241,4 +294,8 @@ def create(settings: Settings) -> Qwen3Engine:
         settings.qwen3_packet_frames,
         cuda_graphs=settings.qwen3_cuda_graphs,
         compile_graphs=settings.qwen3_compile,
+        batched=settings.qwen3_batched,
+        max_streams=settings.qwen3_max_streams,
+        max_waiting=settings.qwen3_max_waiting,
+        kv_capacity=settings.qwen3_kv_capacity,
     )

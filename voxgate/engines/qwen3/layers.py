@@ -25,13 +25,23 @@ class RMSNorm(nn.Module):
 
 
 class KVCache:
-    """Keys and values for every layer: (layers, batch, kv_heads, capacity, head_dim)."""
+    """Keys and values for every layer: (layers, batch, kv_heads, capacity, head_dim).
+
+    `visible` (set by the batched runner) limits attention in the fixed-shape step to the
+    first `visible` positions, so short streams do not read the whole capacity."""
 
     def __init__(self, cfg: StackConfig, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
         shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, capacity, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.capacity = capacity
+        self.capacity = self.visible = capacity
+
+    def view(self, rows: slice, visible: int | None = None) -> KVCache:
+        """The same storage for batch rows `rows` (a view, no copy), attending to `visible` positions."""
+        part = object.__new__(KVCache)
+        part.k, part.v, part.capacity = self.k[:, rows], self.v[:, rows], self.capacity
+        part.visible = visible or self.capacity
+        return part
 
 
 class Attention(nn.Module):
@@ -84,22 +94,27 @@ class Attention(nn.Module):
     def _fixed_shape_step(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int, position: torch.Tensor
     ) -> torch.Tensor:
-        """One new position given as a device tensor: the same shapes on every call (CUDA
-        graphs), attention over the whole cache with later slots masked, GQA without copies."""
+        """One new position per row given as a device tensor (a scalar, or (B,) for rows at
+        different positions): the same shapes on every call (CUDA graphs), attention over
+        the first `cache.visible` slots with later ones masked, GQA without copies."""
         b = q.shape[0]
-        cache.k[layer].index_copy_(2, position.view(1), k)
-        cache.v[layer].index_copy_(2, position.view(1), v)
+        rows = position.view(-1).expand(b)
+        batch = torch.arange(b, device=q.device)
+        cache.k[layer][batch, :, rows] = k[:, :, 0]
+        cache.v[layer][batch, :, rows] = v[:, :, 0]
+        keys, values = cache.k[layer, :, :, : cache.visible], cache.v[layer, :, :, : cache.visible]
+        slots = torch.arange(cache.visible, device=q.device)
+        later = slots[None, :] > rows[:, None]  # (B, visible)
         if q.is_cuda:
-            visible = (torch.arange(cache.capacity, device=q.device) <= position).view(1, 1, 1, -1)
-            out = F.scaled_dot_product_attention(q, cache.k[layer], cache.v[layer], attn_mask=visible, enable_gqa=True)
+            mask = ~later[:, None, None, :]
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
             return out.transpose(1, 2).reshape(b, 1, self.heads * self.head_dim)
         groups = self.heads // self.kv_heads
         qg = q.reshape(b, self.kv_heads, groups, self.head_dim)
-        scores = torch.matmul(qg, cache.k[layer].transpose(2, 3)) * self.head_dim**-0.5  # (B, KV, G, C)
-        later = torch.arange(cache.capacity, device=q.device) > position
-        scores = scores.masked_fill(later, float("-inf"))
+        scores = torch.matmul(qg, keys.transpose(2, 3)) * self.head_dim**-0.5  # (B, KV, G, visible)
+        scores = scores.masked_fill(later[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        return torch.matmul(probs, cache.v[layer]).reshape(b, 1, self.heads * self.head_dim)
+        return torch.matmul(probs, values).reshape(b, 1, self.heads * self.head_dim)
 
 
 class MLP(nn.Module):
@@ -137,9 +152,16 @@ class DecoderStack(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def rope(self, start: int | torch.Tensor, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        positions = torch.arange(length, device=self.inv_freq.device, dtype=torch.float32) + start
-        freqs = positions[:, None] * self.inv_freq.float()[None, :]
+        """cos/sin (T, D) for positions start..start+T-1; (B, 1, T, D) when `start` is (B,)."""
+        positions = torch.arange(length, device=self.inv_freq.device, dtype=torch.float32)
+        if isinstance(start, torch.Tensor) and start.dim() == 1:
+            positions = positions[None, :] + start[:, None]  # (B, T)
+        else:
+            positions = positions + start
+        freqs = positions[..., None] * self.inv_freq.float()
         emb = torch.cat([freqs, freqs], dim=-1)
+        if emb.dim() == 3:
+            emb = emb[:, None]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def forward(self, x: torch.Tensor, cache: KVCache, start: int | torch.Tensor) -> torch.Tensor:

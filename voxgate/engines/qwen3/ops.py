@@ -121,11 +121,12 @@ def window_attention(
 
     q: (B, H, T, D) for the T newest positions; k, v: (B, H, window - 1 + T, D) holding the
     window-1 positions before them and the T new ones; valid: (window - 1 + T,) bool, False
-    for slots before the start of the sequence. Returns (B, H, T, D).
+    for slots before the start of the sequence, or (B, 1, window - 1 + T) when each row
+    starts elsewhere. Returns (B, H, T, D).
     """
     kw = k.unfold(2, window, 1).transpose(-1, -2)  # (B, H, T, window, D)
     vw = v.unfold(2, window, 1).transpose(-1, -2)
-    mask = valid.unfold(0, window, 1)  # (T, window)
+    mask = valid.unfold(-1, window, 1)  # (T, window), or (B, 1, T, window) for per-row starts
     scores = (q.unsqueeze(-2) * kw).sum(-1) * scale
     scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)

@@ -68,3 +68,71 @@ def talker_scores(
     if draw < min_new_tokens:
         scores[:, eos_id] = float("-inf")
     return scores.masked_fill(control, float("-inf"))
+
+
+# ------------------------------------------------------------------ batched, inside CUDA graphs
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash on int64 tensors (values < 2**32; products stay below 2**60)."""
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
+    return (x >> 16) ^ x
+
+
+def hashed_uniform(seeds: torch.Tensor, counters: torch.Tensor, width: int) -> torch.Tensor:
+    """Uniform noise in (0, 1), (B, G, width), from counters alone: row b, group g, column i
+    gets hash(seed_b, counter_bg, i). No generator state, so a stream's draws depend on its
+    seed and frame number only, never on which other streams share the batch.
+
+    seeds: (B,) int64 in [0, 2**31); counters: (B, G) int64 in [0, 2**31)."""
+    key = _mix32(seeds[:, None] ^ _mix32(counters))  # (B, G)
+    columns = torch.arange(width, device=seeds.device)
+    bits = _mix32(key[..., None] ^ columns) >> 9  # 23 bits: (bits + 0.5) / 2**23 is exact in float32, < 1
+    return (bits.float() + 0.5) * (1.0 / (1 << 23))
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    noise: torch.Tensor,
+    do_sample: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+) -> torch.Tensor:
+    """One id per row of (B, V) float32 logits, each row with its own settings, no host sync.
+
+    Greedy rows take the argmax. Sampling rows: scale by temperature (B, 1), keep the top_k
+    (B,) best (0 = all) and the smallest set whose probability reaches top_p (B,), then a
+    Gumbel-max draw with `noise` (B, V) uniform in (0, 1), in sorted order."""
+    greedy = logits.argmax(dim=-1)
+    ordered, order = torch.sort(logits / temperature, dim=-1, descending=True)
+    rank = torch.arange(logits.shape[-1], device=logits.device)
+    keep = (rank[None, :] < top_k[:, None]) | (top_k[:, None] <= 0)
+    ordered = ordered.masked_fill(~keep, float("-inf"))
+    probs = ordered.softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # probability of the better-ranked ids
+    nucleus = (before >= top_p[:, None]) & (top_p[:, None] < 1.0)  # the best id always stays
+    ordered = ordered.masked_fill(nucleus, float("-inf"))
+    gumbel = -torch.log(-torch.log(noise))
+    chosen = order.gather(-1, (ordered + gumbel).argmax(dim=-1, keepdim=True))[:, 0]
+    return torch.where(do_sample, chosen, greedy)
+
+
+def batched_talker_scores(
+    logits: torch.Tensor,
+    seen: torch.Tensor,
+    penalty: torch.Tensor,
+    eos_blocked: torch.Tensor,
+    eos: torch.Tensor,
+    control: torch.Tensor,
+) -> torch.Tensor:
+    """`talker_scores` for a batch at fixed shapes: `seen` (B, V) marks the codes each row drew
+    so far, `penalty` (B, 1), `eos_blocked` (B,) rows still under min_new_tokens, `eos` (V,)
+    true at the EOS id."""
+    penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
+    scores = torch.where(seen, penalised, logits)
+    scores = scores.masked_fill(eos[None, :] & eos_blocked[:, None], float("-inf"))
+    return scores.masked_fill(control, float("-inf"))

@@ -1,10 +1,11 @@
 """Which streams run on the next step: a pure-Python scheduler (no torch), unit-tested on the CPU.
 
-The GPU runner asks `plan()` before every step and gets plain data back: the streams to
-prefill now, the streams to decode together, and the batch-size bucket (1, 2, 4, 8, ...) whose
-captured graph will run them. Policy:
+The runner asks `plan()` before every step and gets plain data back: the streams to
+prefill now (each with the batch row it will hold), every stream that decodes in this step
+(the new ones included: a prefill leaves the first code ready to draw), and the batch-size
+bucket (1, 2, 4, 8, ...) whose captured graph covers the rows in use. Policy:
 - a stream waits in a queue ordered by priority (higher first), then arrival;
-- at most `max_running` streams decode together; new ones are admitted into free slots, at
+- at most `max_running` streams decode together; a new one takes the lowest free row, at
   most `max_prefills_per_step` per step, so prefills interleave with decoding instead of
   stalling the running streams;
 - a full queue refuses new streams with `Busy` rather than slowing everyone down, and each
@@ -15,6 +16,7 @@ captured graph will run them. Policy:
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 from dataclasses import dataclass, field
 from enum import Enum
@@ -39,13 +41,14 @@ class Stream:
     enqueued_at: float = 0.0  # caller's clock, for queue-time reporting
     phase: Phase = Phase.WAITING
     frames: int = 0
+    row: int = -1  # batch row while running
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    prefill: tuple[str, ...]  # admitted this step: run their prompts, then they decode with the rest
-    decode: tuple[str, ...]  # already running: one decode step each, batched
-    bucket: int  # captured batch size to pad `decode` up to (0 when nothing decodes)
+    prefill: tuple[tuple[str, int], ...]  # (stream, row) admitted now: run their prompts first
+    decode: tuple[tuple[str, int], ...]  # (stream, row) of every running stream, new ones included
+    bucket: int  # captured batch size covering every row in use (0 when nothing runs)
 
 
 @dataclass
@@ -58,10 +61,12 @@ class Scheduler:
     _waiting: list[tuple[int, int, str]] = field(default_factory=list)  # (-priority, arrival, id), sorted
     _running: list[str] = field(default_factory=list)
     _arrivals: itertools.count = field(default_factory=itertools.count)
+    _free_rows: list[int] = field(default_factory=list)  # a heap: the lowest free row first
 
     def __post_init__(self) -> None:
         if self.max_running > self.buckets[-1]:
             raise ValueError(f"max_running {self.max_running} exceeds the largest bucket {self.buckets[-1]}")
+        self._free_rows = list(range(self.max_running))
 
     def add(self, stream_id: str, priority: int = 0, now: float = 0.0) -> int:
         """Queue a stream; returns its position in the queue (0 = next). Raises Busy when full."""
@@ -86,14 +91,16 @@ class Scheduler:
 
     def plan(self) -> Plan:
         """Admit what fits (priority first) and say what runs on the next step."""
-        decode = tuple(self._running)
-        admitted: list[str] = []
+        admitted: list[tuple[str, int]] = []
         while self._waiting and len(self._running) < self.max_running and len(admitted) < self.max_prefills_per_step:
             _, _, stream_id = self._waiting.pop(0)
-            self._streams[stream_id].phase = Phase.RUNNING
+            stream = self._streams[stream_id]
+            stream.phase, stream.row = Phase.RUNNING, heapq.heappop(self._free_rows)
             self._running.append(stream_id)
-            admitted.append(stream_id)
-        return Plan(tuple(admitted), decode, self.bucket_for(len(decode)))
+            admitted.append((stream_id, stream.row))
+        decode = tuple((i, self._streams[i].row) for i in self._running)
+        rows = max((row for _, row in decode), default=-1) + 1
+        return Plan(tuple(admitted), decode, self.bucket_for(rows))
 
     def bucket_for(self, n: int) -> int:
         if n == 0:
@@ -116,6 +123,7 @@ class Scheduler:
         stream = self._streams.pop(stream_id)
         if stream.phase is Phase.RUNNING:
             self._running.remove(stream_id)
+            heapq.heappush(self._free_rows, stream.row)
         else:
             self._waiting.remove((-stream.priority, stream.arrival, stream_id))
         stream.phase = phase

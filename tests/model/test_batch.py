@@ -1,0 +1,254 @@
+"""The batched decoder and its runner, eagerly on the CPU: many streams stepped together give
+each stream what it gets alone (greedy codes equal the reference path), per-row sampling,
+priority, busy and cancel through the engine."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from voxgate.engines.qwen3.batch import BatchDecoder, attention_lengths
+from voxgate.engines.qwen3.codec import DecoderState
+from voxgate.engines.qwen3.config import SamplingParams
+from voxgate.engines.qwen3.engine import Qwen3Engine
+from voxgate.engines.qwen3.generate import generate_codes
+from voxgate.engines.qwen3.prompt import PromptBuilder
+from voxgate.engines.qwen3.sampling import hashed_uniform, sample_rows
+from voxgate.types import Busy, CancelToken, SynthesisRequest
+
+TEXTS = ["Batched rows, same codes.", "A second stream joins later on.", "Third!"]
+
+
+def _prompts(ck, stream_text=False):
+    builder = PromptBuilder(ck.config, ck.tokenizer, ck.talker)
+    speakers = ["vivian", "ryan", "serena"]
+    pairs = zip(TEXTS, speakers, strict=True)
+    return [builder.build(t, speaker=s, language="English", stream_text=stream_text) for t, s in pairs]
+
+
+def _run(decoder, prompts, params, joins, frames, seeds=(0, 0, 0)):
+    """Admit prompt i into row i at step joins[i]; step until each has `frames` frames."""
+    codes = {i: [] for i in range(len(prompts))}
+    pcm = {i: [] for i in range(len(prompts))}
+    for step in range(max(joins) + frames):
+        for i, join in enumerate(joins):
+            if join == step:
+                decoder.admit(i, prompts[i], params, seeds[i])
+        live = [i for i, join in enumerate(joins) if join <= step < join + frames]
+        if not live:
+            continue
+        result = decoder.step(max(live) + 1 if max(live) + 1 in decoder.buckets else 4, live)
+        for i in live:
+            codes[i].append(torch.from_numpy(result.codes[i]))
+            pcm[i].append(result.pcm[i])
+        for i, join in enumerate(joins):
+            if step == join + frames - 1:
+                decoder.release(i)
+    return codes, pcm
+
+
+@pytest.mark.parametrize("stream_text", [False, True])
+def test_streams_stepped_together_draw_the_codes_each_draws_alone(ours, stream_text):
+    ck = ours["cv06"]
+    params = SamplingParams.greedy(max_new_tokens=40, min_new_tokens=40)  # EOS blocked: fixed length
+    prompts = _prompts(ck, stream_text)
+    decoder = BatchDecoder(ck.talker, ck.codec, slots=4, capacity=128)
+    codes, pcm = _run(decoder, prompts, params, joins=[0, 3, 5], frames=12)
+    for i, prompt in enumerate(prompts):
+        alone = torch.stack(list(generate_codes(ck.talker, prompt, params)))[:12]
+        assert torch.equal(torch.stack(codes[i]), alone), f"stream {i}"
+        offline = ck.codec.decode(alone.T[None])[0].numpy()
+        np.testing.assert_allclose(np.concatenate(pcm[i]), offline, atol=1e-5)
+
+
+def test_a_row_reused_by_a_new_stream_starts_clean(ours):
+    ck = ours["cv06"]
+    params = SamplingParams.greedy(max_new_tokens=40, min_new_tokens=40)
+    prompts = _prompts(ck)
+    decoder = BatchDecoder(ck.talker, ck.codec, slots=2, capacity=128)
+    _run(decoder, prompts[:1], params, joins=[0], frames=9)
+    codes, _ = _run(decoder, prompts[1:2], params, joins=[0], frames=6)  # row 0 again
+    alone = torch.stack(list(generate_codes(ck.talker, prompts[1], params)))[:6]
+    assert torch.equal(torch.stack(codes[0]), alone)
+
+
+def test_sampled_rows_follow_their_own_seed_whatever_else_is_in_the_batch(ours):
+    ck = ours["cv06"]
+    params = SamplingParams(max_new_tokens=40, min_new_tokens=40, top_p=0.9)
+    prompts = _prompts(ck)
+    decoder = BatchDecoder(ck.talker, ck.codec, slots=4, capacity=128)
+    alone, _ = _run(decoder, prompts[:1], params, joins=[0], frames=8, seeds=(5,))
+    crowd, _ = _run(decoder, prompts, params, joins=[0, 0, 2], frames=8, seeds=(5, 6, 7))
+    assert torch.equal(torch.stack(alone[0]), torch.stack(crowd[0]))
+    other, _ = _run(decoder, prompts[:1], params, joins=[0], frames=8, seeds=(6,))
+    assert not torch.equal(torch.stack(alone[0]), torch.stack(other[0]))
+
+
+def test_attention_lengths_double_up_to_the_capacity():
+    assert attention_lengths(2048) == (256, 512, 1024, 2048)
+    assert attention_lengths(600) == (256, 512, 600)
+
+
+def test_hashed_noise_is_uniform_and_counter_based():
+    seeds = torch.tensor([1, 2])
+    counters = torch.arange(32).view(2, 16)
+    u = hashed_uniform(seeds, counters, 4096)
+    assert u.shape == (2, 16, 4096) and u.min() > 0 and u.max() < 1
+    assert abs(u.mean().item() - 0.5) < 0.01 and abs(u.var().item() - 1 / 12) < 0.005
+    assert torch.equal(u[0], hashed_uniform(seeds[:1], counters[:1], 4096)[0])  # row-independent
+    assert not torch.equal(u[0, 0], u[0, 1])
+
+
+def test_per_row_sampling_settings():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(4, 1)
+    n = 20000
+    counters = torch.arange(n)[:, None]
+    noise = hashed_uniform(torch.full((n,), 3), counters, 4)[:, 0]
+
+    def draws(do_sample, top_k, top_p, temperature=1.0):
+        rows = logits[:1].repeat(n, 1)
+        return sample_rows(
+            rows,
+            noise,
+            torch.full((n,), do_sample),
+            torch.full((n, 1), temperature),
+            torch.full((n,), top_k),
+            torch.full((n,), top_p),
+        )
+
+    freq = torch.bincount(draws(True, 0, 1.0), minlength=4).float() / n
+    assert torch.allclose(freq, torch.softmax(logits[0], dim=0), atol=0.015)  # Gumbel-max = softmax
+    assert set(draws(True, 2, 1.0).tolist()) == {0, 1}  # top-k
+    assert set(draws(True, 0, 0.7).tolist()) == {0, 1}  # top-p: 0.64 < 0.7 needs the second id
+    assert set(draws(True, 0, 0.5).tolist()) == {0}
+    assert set(draws(False, 0, 1.0).tolist()) == {0}  # greedy
+    cold = torch.bincount(draws(True, 0, 1.0, temperature=0.25), minlength=4).float() / n
+    assert cold[0] > 0.97
+
+
+# ------------------------------------------------------------------ the engine in batched mode
+
+
+def _engine(ours, **kw):
+    params = SamplingParams.greedy(max_new_tokens=40, min_new_tokens=40)
+    return Qwen3Engine(ours["cv06"], sampling=params, batched=True, kv_capacity=256, **kw)
+
+
+def _speak(engine, text, voice="vivian", cancel=None, priority=0):
+    request = SynthesisRequest(text=text, voice=voice, language="en", priority=priority)
+    return [c.samples for c in engine.stream(request, cancel or CancelToken())]
+
+
+def test_concurrent_requests_each_get_what_they_get_alone(ours):
+    eager = Qwen3Engine(ours["cv06"], sampling=SamplingParams.greedy(max_new_tokens=12, min_new_tokens=12))
+    batched = Qwen3Engine(
+        ours["cv06"], sampling=SamplingParams.greedy(max_new_tokens=12, min_new_tokens=12), batched=True, max_streams=4
+    )
+    try:
+        expected = {t: np.concatenate(_speak(eager, t)) for t in TEXTS}
+        got: dict[str, np.ndarray] = {}
+
+        def speak(text):
+            got[text] = np.concatenate(_speak(batched, text))
+
+        threads = [threading.Thread(target=speak, args=(t,)) for t in TEXTS]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        for text in TEXTS:
+            assert len(got[text]) == 11 * 1920  # 12 draws: the last yields no frame
+            np.testing.assert_allclose(got[text], expected[text], atol=1e-5)
+        assert batched.counters()["streams"]["admitted"] == 3
+        assert batched.runner.load() == (0, 0)
+    finally:
+        batched.close()
+
+
+def test_cancel_frees_the_row_and_a_full_queue_says_busy(ours):
+    engine = _engine(ours, max_streams=1, max_waiting=1)
+    try:
+        cancel = CancelToken()
+        first = engine.stream(SynthesisRequest(text="Hold the only row.", voice="vivian"), cancel)
+        next(first)  # running
+        second = engine.stream(SynthesisRequest(text="Wait in line.", voice="ryan"), CancelToken())
+        waiter = threading.Thread(target=lambda: list(second))
+        waiter.start()
+        for _ in range(200):  # until the second request is queued
+            if engine.runner.load() == (1, 1):
+                break
+            threading.Event().wait(0.01)
+        assert engine.runner.load() == (1, 1)
+        with pytest.raises(Busy):
+            list(engine.stream(SynthesisRequest(text="No room.", voice="serena"), CancelToken()))
+        cancel.cancel()
+        assert list(first) == [] or True  # the stream ends at the next step
+        waiter.join(timeout=120)
+        assert not waiter.is_alive()
+        assert engine.runner.stats.cancelled == 1 and engine.runner.load() == (0, 0)
+    finally:
+        engine.close()
+
+
+def test_higher_priority_is_served_first(ours):
+    engine = _engine(ours, max_streams=1)
+    try:
+        order: list[str] = []
+        hold = CancelToken()
+        first = engine.stream(SynthesisRequest(text="Hold the row.", voice="vivian"), hold)
+        next(first)
+
+        def speak(name, priority):
+            _speak(engine, name, priority=priority)
+            order.append(name)
+
+        low = threading.Thread(target=speak, args=("background", 0))
+        low.start()
+        while engine.runner.load()[1] < 1:
+            threading.Event().wait(0.01)
+        high = threading.Thread(target=speak, args=("live turn", 10))
+        high.start()
+        while engine.runner.load()[1] < 2:
+            threading.Event().wait(0.01)
+        hold.cancel()
+        list(first)
+        low.join(timeout=120)
+        high.join(timeout=120)
+        assert order == ["live turn", "background"]
+    finally:
+        engine.close()
+
+
+def test_a_dropped_reader_frees_its_row(ours):
+    engine = _engine(ours, max_streams=2)
+    try:
+        stream = engine.stream(SynthesisRequest(text="Nobody reads me.", voice="vivian"), CancelToken())
+        next(stream)
+        stream.close()  # the generator is closed without a cancel (client gone)
+        for _ in range(500):
+            if engine.runner.load() == (0, 0):
+                break
+            threading.Event().wait(0.01)
+        assert engine.runner.load() == (0, 0)
+    finally:
+        engine.close()
+
+
+def test_the_codec_state_keeps_rows_apart(ours):
+    codec = ours["cv06"].codec
+    codes = torch.randint(0, 2048, (2, 16, 6), generator=torch.Generator().manual_seed(3))
+    state = DecoderState()
+    codec.decode(torch.zeros(2, 16, 1, dtype=torch.long), state)
+    state.freeze_rows(torch.device("cpu"), 2)
+    state.start_row(1)
+    out = []
+    for t in range(6):
+        if t == 2:
+            state.start_row(1)  # row 1 starts over mid-way; row 0 carries on
+        out.append(codec.decode(codes[:, :, t : t + 1], state.rows(2)))
+    out = torch.cat(out, dim=-1)
+    torch.testing.assert_close(out[0], codec.decode(codes[:1])[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(out[1, 2 * 1920 :], codec.decode(codes[1:, :, 2:])[0], atol=1e-5, rtol=0)

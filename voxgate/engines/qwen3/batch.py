@@ -1,0 +1,270 @@
+"""Many streams decoded together at fixed shapes: one step = one frame for every stream.
+
+The decoder owns `slots` batch rows; a stream holds one row from its prefill to its end
+(rows come from the scheduler). A step, for the first `b` rows (b a captured bucket size):
+draw code 0 from the talker's last logits (each row with its own sampling settings, seed
+and repetition history), run the code predictor for codes 1..15, feed the frame plus the
+next text row to the talker (each row at its own position), and decode the frame to 1920
+PCM samples with each row's incremental codec state. All of it is one CUDA graph per
+(bucket, attention length) pair, captured at start-up; the host reads the codes and the PCM
+once per step. Rows not in use still compute (on stale inputs) but never move or write
+outside their own row.
+
+Randomness is counter-based (a hash of seed, frame and column, see `hashed_uniform`), so a
+stream's draws do not depend on the other streams in the batch, and nothing is drawn on
+the host. Prefills run eagerly (variable length), one row at a time, between steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from voxgate.engines.qwen3.codec import CodecDecoder, DecoderState
+from voxgate.engines.qwen3.config import SamplingParams
+from voxgate.engines.qwen3.prompt import Prompt
+from voxgate.engines.qwen3.sampling import batched_talker_scores, control_mask, hashed_uniform, sample_rows
+from voxgate.engines.qwen3.talker import Talker
+
+log = logging.getLogger(__name__)
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass
+class GraphStats:
+    """Counts of graph replays and of work that ran eagerly instead, by reason."""
+
+    captured: bool = False
+    graphs: int = 0
+    capture_s: float = 0.0
+    replays: int = 0
+    eager_fallbacks: dict[str, int] = field(default_factory=dict)
+
+    def fallback(self, reason: str) -> None:
+        self.eager_fallbacks[reason] = self.eager_fallbacks.get(reason, 0) + 1
+
+
+@dataclass(frozen=True)
+class StepResult:
+    codes: np.ndarray  # (b, 16) int64: the frame each row drew (row's code 0 may be EOS)
+    pcm: np.ndarray  # (b, samples_per_frame) float32: that frame decoded
+
+
+def attention_lengths(capacity: int, smallest: int = 256) -> tuple[int, ...]:
+    """The attention spans captured: 256, 512, ... up to the capacity."""
+    lengths = [smallest]
+    while lengths[-1] < capacity:
+        lengths.append(min(capacity, lengths[-1] * 2))
+    return tuple(lengths)
+
+
+class BatchDecoder:
+    def __init__(
+        self,
+        talker: Talker,
+        codec: CodecDecoder,
+        slots: int = 64,
+        capacity: int = 2048,
+        max_text_rows: int = 512,
+        use_graphs: bool = True,
+        compile_bodies: bool = False,
+    ) -> None:
+        if slots > BUCKETS[-1]:
+            raise ValueError(f"at most {BUCKETS[-1]} streams decode together")
+        self.talker, self.codec = talker, codec
+        self.slots, self.capacity, self.max_text_rows = slots, capacity, max_text_rows
+        self.buckets = (*(b for b in BUCKETS if b < slots), slots)
+        self.lengths = attention_lengths(capacity, min(256, capacity))
+        cfg = talker.cfg
+        weight = talker.codec_head.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        s, h, v, groups = slots, cfg.stack.hidden_size, cfg.vocab_size, cfg.num_code_groups
+        self.groups = groups
+        self.eos_id = cfg.codec_eos_id
+        z = {"device": self.device}
+        self.cache = talker.new_cache(s, capacity)
+        self.cp_cache = talker.new_predictor_cache(s)
+        # Per-row decode state.
+        self.position = torch.zeros(s, dtype=torch.long, **z)  # the talker position the next step writes
+        self.draws = torch.zeros(s, dtype=torch.long, **z)  # frames drawn so far
+        self.active = torch.zeros(s, dtype=torch.long, **z)  # 1 while a stream holds the row
+        self.hidden = torch.zeros(s, h, dtype=self.dtype, **z)
+        self.logits = torch.zeros(s, v, dtype=torch.float32, **z)
+        self.seen = torch.zeros(s, v, dtype=torch.bool, **z)  # codes drawn so far (repetition penalty)
+        self.trailing = torch.zeros(s, max_text_rows, h, dtype=self.dtype, **z)
+        self.trailing_len = torch.zeros(s, dtype=torch.long, **z)
+        self.pad = torch.zeros(h, dtype=self.dtype, **z)
+        # Per-row sampling settings.
+        self.seeds = torch.zeros(s, dtype=torch.long, **z)
+        self.do_sample = torch.zeros(s, dtype=torch.bool, **z)
+        self.temperature = torch.ones(s, 1, **z)
+        self.top_k = torch.zeros(s, dtype=torch.long, **z)
+        self.top_p = torch.ones(s, **z)
+        self.penalty = torch.ones(s, 1, **z)
+        self.min_new = torch.zeros(s, dtype=torch.long, **z)
+        self.sub_do_sample = torch.zeros(s, dtype=torch.bool, **z)
+        self.sub_temperature = torch.ones(s, 1, **z)
+        self.sub_top_k = torch.zeros(s, dtype=torch.long, **z)
+        self.sub_top_p = torch.ones(s, **z)
+        self.control = control_mask(v, cfg.predictor_vocab_size, cfg.codec_eos_id, self.device)
+        self.eos = torch.zeros(v, dtype=torch.bool, **z)
+        self.eos[cfg.codec_eos_id] = True
+        # The codec decoder's per-row streaming state, and the step's outputs.
+        self.codec_state = DecoderState()
+        with torch.inference_mode():
+            codec.decode(torch.zeros(s, codec.config.num_quantizers, 1, dtype=torch.long, **z), self.codec_state)
+        self.codec_state.freeze_rows(self.device, s)
+        self.out_codes = torch.zeros(s, groups, dtype=torch.long, **z)
+        self.out_pcm = torch.zeros(s, codec.config.samples_per_frame, dtype=self.dtype, **z)
+        # Host-side mirror of each row's position (to pick the attention length without a sync).
+        self.host_position = [0] * s
+        self.stats = GraphStats()
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._body: Callable[[int, int], None] = self._step_body
+        if compile_bodies and self.device.type == "cuda":
+            torch._dynamo.config.cache_size_limit = max(64, 2 * len(self.buckets) * len(self.lengths))
+            self._body = torch.compile(self._step_body, dynamic=False)
+        if use_graphs and self.device.type == "cuda":
+            self.capture()
+
+    # ------------------------------------------------------------------ the fixed-shape step
+
+    def _step_body(self, b: int, length: int) -> None:
+        talker, cfg = self.talker, self.talker.cfg
+        counters = self.draws[:b, None] * self.groups + torch.arange(self.groups, device=self.device)
+        noise = hashed_uniform(self.seeds[:b], counters, cfg.vocab_size)  # (b, 16, V)
+        scores = batched_talker_scores(
+            self.logits[:b], self.seen[:b], self.penalty[:b], self.draws[:b] < self.min_new[:b], self.eos, self.control
+        )
+        code0 = sample_rows(
+            scores, noise[:, 0], self.do_sample[:b], self.temperature[:b], self.top_k[:b], self.top_p[:b]
+        )
+        self.seen[:b].scatter_(1, code0[:, None], True)
+        codes = self._predict_rest(b, code0, noise)
+        rows = torch.arange(b, device=self.device)
+        text = self.trailing[rows, self.draws[:b].clamp(max=self.max_text_rows - 1)]
+        text = torch.where((self.draws[:b] < self.trailing_len[:b])[:, None], text, self.pad)
+        embeds = (talker.frame_embedding(codes) + text)[:, None]
+        hidden, logits = talker.step(embeds, self.cache.view(slice(0, b), length), self.position[:b])
+        self.hidden[:b].copy_(hidden)
+        self.logits[:b].copy_(logits)
+        self.position[:b] += self.active[:b]
+        self.draws[:b] += self.active[:b]
+        audio = codes.clamp(max=self.codec.config.codebook_size - 1)[:, :, None]  # EOS rows decode a stand-in
+        self.out_pcm[:b].copy_(self.codec.decode(audio, self.codec_state.rows(b)))
+        self.out_codes[:b].copy_(codes)
+
+    def _predict_rest(self, b: int, code0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """Codes 1..15 for every row: 15 sub-steps of the code predictor, sampled per row."""
+        talker = self.talker
+        cp = talker.code_predictor
+        project = cp.small_to_mtp_projection
+        cache = self.cp_cache.view(slice(0, b))
+        width = talker.cfg.predictor_vocab_size
+        inputs = project(torch.stack([self.hidden[:b], talker.codec(code0)], dim=1))
+        codes, position = [code0], 0
+        for j in range(self.groups - 1):
+            out = cp.model(inputs, cache, position)[:, -1]
+            position += inputs.shape[1]
+            logits = cp.lm_head[j](out).float()
+            code = sample_rows(
+                logits,
+                noise[:, j + 1, :width],
+                self.sub_do_sample[:b],
+                self.sub_temperature[:b],
+                self.sub_top_k[:b],
+                self.sub_top_p[:b],
+            )
+            codes.append(code)
+            if j < self.groups - 2:
+                inputs = project(cp.model.codec_embedding[j](code))[:, None]
+        return torch.stack(codes, dim=1)
+
+    # ------------------------------------------------------------------ graphs
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Warm up on a side stream, then capture one graph per (bucket, length) (start-up only)."""
+        t0 = time.perf_counter()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for b in self.buckets:
+                for length in self.lengths:
+                    for _ in range(2):
+                        self._body(b, length)
+        torch.cuda.current_stream().wait_stream(stream)
+        pool = torch.cuda.graph_pool_handle()
+        for b in self.buckets:
+            for length in self.lengths:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self._body(b, length)
+                self._graphs[b, length] = graph
+        torch.cuda.synchronize()
+        self.codec_state.reset()  # warm-up and capture ran on the idle rows' buffers
+        self.stats.captured, self.stats.graphs = True, len(self._graphs)
+        self.stats.capture_s = time.perf_counter() - t0
+        log.info(
+            "captured %d CUDA graphs (buckets %s x attention lengths %s) in %.1f s",
+            len(self._graphs), self.buckets, self.lengths, self.stats.capture_s,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ rows
+
+    @torch.inference_mode()
+    def admit(
+        self, row: int, prompt: Prompt, params: SamplingParams, seed: int, context: DecoderState | None = None
+    ) -> None:
+        """Prefill `prompt` into `row` (eagerly) and set the row's sampling settings."""
+        length = prompt.embeds.shape[1]
+        if length + 2 > self.capacity:
+            raise ValueError(f"a prompt of {length} positions does not fit a KV cache of {self.capacity}")
+        hidden, logits = self.talker.step(prompt.embeds, self.cache.view(slice(row, row + 1)), 0)
+        self.hidden[row], self.logits[row] = hidden[0], logits[0]
+        self.position[row], self.draws[row], self.active[row] = length, 0, 1
+        self.host_position[row] = length
+        self.seen[row] = False
+        text = prompt.trailing[0, : self.max_text_rows]
+        self.trailing[row, : text.shape[0]] = text
+        self.trailing_len[row] = text.shape[0]
+        self.pad.copy_(prompt.pad[0])
+        self.seeds[row] = seed & 0x7FFFFFFF
+        self.do_sample[row], self.sub_do_sample[row] = params.do_sample, params.subtalker_do_sample
+        self.temperature[row], self.sub_temperature[row] = params.temperature, params.subtalker_temperature
+        self.top_k[row], self.sub_top_k[row] = params.top_k, params.subtalker_top_k
+        self.top_p[row], self.sub_top_p[row] = params.top_p, params.subtalker_top_p
+        self.penalty[row], self.min_new[row] = params.repetition_penalty, params.min_new_tokens
+        self.codec_state.start_row(row, context)
+
+    def release(self, row: int) -> None:
+        """The row's stream ended: it stops moving (its slot is free for the next admit)."""
+        self.active[row] = 0
+
+    def frame_room(self, prompt_length: int) -> int:
+        """How many frames a prompt of this length can draw before its row's cache is full."""
+        return self.capacity - prompt_length - 1
+
+    @torch.inference_mode()
+    def step(self, b: int, rows: list[int]) -> StepResult:
+        """One frame for rows 0..b-1 (`rows`: those in use, to size the attention span)."""
+        needed = max((self.host_position[r] + 1 for r in rows), default=1)
+        length = next(n for n in self.lengths if n >= needed)
+        graph = self._graphs.get((b, length))
+        if graph is not None:
+            graph.replay()
+            self.stats.replays += 1
+        else:
+            if self.stats.captured:
+                self.stats.fallback("uncaptured_shape")
+            self._body(b, length)
+        for r in rows:
+            self.host_position[r] += 1
+        codes = self.out_codes[:b].to("cpu", copy=True)  # the one host sync per step
+        return StepResult(codes.numpy(), self.out_pcm[:b].to("cpu", torch.float32, copy=True).numpy())

@@ -1,0 +1,169 @@
+"""The thread that drives the batched decoder: admits streams as the scheduler says, steps
+every running stream together, and hands each stream its frames through its own queue.
+
+Callers (`Qwen3Engine.stream`, one per request, on their own threads) `submit` a `Job` and
+read PCM frames from `job.frames` until `END`; cancelling the job's token frees its row at
+the next step. One failing prefill fails that job alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from voxgate.engines.qwen3.batch import BatchDecoder
+from voxgate.engines.qwen3.codec import DecoderState
+from voxgate.engines.qwen3.config import SamplingParams
+from voxgate.engines.qwen3.prompt import Prompt
+from voxgate.engines.qwen3.scheduler import Scheduler
+from voxgate.types import CancelToken, EngineFailure
+
+log = logging.getLogger(__name__)
+END = None  # put on a job's queue after its last frame
+
+
+@dataclass(eq=False)
+class Job:
+    """One stream inside the runner."""
+
+    stream_id: str
+    prompt: Prompt
+    params: SamplingParams
+    seed: int
+    limit: int  # code-0 draws at most (the last draw yields no frame, as in the reference)
+    cancel: CancelToken
+    priority: int = 0
+    context: DecoderState | None = None
+    frames: queue.Queue[np.ndarray | BaseException | None] = field(default_factory=queue.Queue)
+    submitted_at: float = field(default_factory=time.perf_counter)
+    started_at: float | None = None  # when its prefill ran
+    row: int = -1
+    draws: int = 0
+    closed: bool = False  # set by the reader when it stops reading (client gone, generator closed)
+
+    @property
+    def stopped(self) -> bool:
+        return self.closed or self.cancel.cancelled
+
+
+@dataclass
+class RunnerStats:
+    steps: int = 0
+    admitted: int = 0
+    finished: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    queue_seconds: float = 0.0  # summed over admitted streams
+    busy_seconds: float = 0.0  # wall time spent in prefills and steps
+    rows_stepped: int = 0  # sum over steps of the streams in the step
+
+
+class Runner:
+    def __init__(self, decoder: BatchDecoder, scheduler: Scheduler) -> None:
+        self.decoder, self.scheduler = decoder, scheduler
+        self.stats = RunnerStats()
+        self._jobs: dict[str, Job] = {}
+        self._lock = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="qwen3-runner", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job) -> int:
+        """Queue a job; returns its place in the queue. Raises `Busy` when the queue is full."""
+        with self._lock:
+            if self._closed:
+                raise EngineFailure("the qwen3 runner is closed")
+            place = self.scheduler.add(job.stream_id, job.priority, job.submitted_at)
+            self._jobs[job.stream_id] = job
+            self._lock.notify()
+        return place
+
+    def load(self) -> tuple[int, int]:
+        """(running, waiting) streams."""
+        with self._lock:
+            return self.scheduler.running, self.scheduler.waiting
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+        self._thread.join(timeout=5)
+
+    # ------------------------------------------------------------------ the loop
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                self._drop_cancelled()
+                while not self._closed and not self._jobs:
+                    self._lock.wait()
+                if self._closed:
+                    for job in self._jobs.values():
+                        job.frames.put(EngineFailure("the engine is shutting down"))
+                    return
+                plan = self.scheduler.plan()
+            started = time.perf_counter()
+            for stream_id, row in plan.prefill:
+                self._prefill(self._jobs[stream_id], row)
+            jobs = [self._jobs.get(i) for i, _ in plan.decode]  # a failed prefill has left already
+            running = [job for job in jobs if job is not None and job.row >= 0]
+            if running:
+                try:
+                    result = self.decoder.step(plan.bucket, [job.row for job in running])
+                except Exception as exc:  # a broken step fails everyone in it; the loop goes on
+                    log.exception("qwen3 decode step failed")
+                    for job in running:
+                        self._end(job, EngineFailure(f"decode step failed: {exc}"))
+                    continue
+                self.stats.steps += 1
+                self.stats.rows_stepped += len(running)
+                for job in running:
+                    self._deliver(job, result.codes[job.row], result.pcm[job.row])
+            self.stats.busy_seconds += time.perf_counter() - started
+
+    def _prefill(self, job: Job, row: int) -> None:
+        job.started_at = time.perf_counter()
+        self.stats.queue_seconds += job.started_at - job.submitted_at
+        self.stats.admitted += 1
+        try:
+            self.decoder.admit(row, job.prompt, job.params, job.seed, job.context)
+        except Exception as exc:
+            log.exception("qwen3 prefill failed")
+            self._end(job, EngineFailure(f"prefill failed: {exc}"))
+            return
+        job.row = row
+
+    def _deliver(self, job: Job, codes: np.ndarray, pcm: np.ndarray) -> None:
+        draw = job.draws
+        job.draws += 1
+        if job.stopped:
+            self._end(job, END, cancelled=True)
+        elif int(codes[0]) == self.decoder.eos_id or draw >= job.limit - 1:
+            self._end(job, END)
+        else:
+            job.frames.put(pcm)
+
+    def _drop_cancelled(self) -> None:
+        for job in [j for j in self._jobs.values() if j.stopped]:
+            self._end(job, END, cancelled=True)
+
+    def _end(self, job: Job, last: BaseException | None, cancelled: bool = False) -> None:
+        """Free the job's row and queue place and close its frame queue (idempotent)."""
+        with self._lock:
+            if self._jobs.pop(job.stream_id, None) is None:
+                return
+            if job.row >= 0:
+                self.decoder.release(job.row)
+            if cancelled:
+                self.scheduler.cancel(job.stream_id)
+                self.stats.cancelled += 1
+            else:
+                self.scheduler.finish(job.stream_id) if last is END else self.scheduler.cancel(job.stream_id)
+                self.stats.finished += last is END
+                self.stats.failed += last is not END
+        job.frames.put(last)
