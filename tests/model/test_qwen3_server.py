@@ -88,7 +88,7 @@ def test_qwen3_refusals_are_typed_not_500(qwen3_server, body, status, code):
 def test_engine_counters_reach_metrics(qwen3_server):
     httpx.post(f"{qwen3_server.url}/tts/stream", json={"text": "Count.", "voice": "ryan", "seed": 2}, timeout=120)
     text = httpx.get(f"{qwen3_server.url}/metrics").text
-    assert 'voxgate_engine_graph_replays_total{name="codec_decoder"} 0.0' in text
+    assert 'voxgate_engine_graph_replays_total{name="decode_step"} 0.0' in text
     served = [
         line
         for line in text.splitlines()

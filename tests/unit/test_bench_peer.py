@@ -3,6 +3,7 @@ here): the calls it makes, what it measures, and the errors it gives."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import sys
 import time
 import types
@@ -47,12 +48,12 @@ class FakePeer:
 @pytest.fixture
 def fake_peer(monkeypatch):
     pytest.importorskip("torch")
-    module = types.ModuleType("faster_qwen3_tts")
-    module.FasterQwen3TTS = FakePeer
-    module.__version__ = "0.5.4"
-    for name in ("qwen_tts", "librosa", "soundfile"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    monkeypatch.setitem(sys.modules, "faster_qwen3_tts", module)
+    for name in ("faster_qwen3_tts", "qwen_tts", "librosa", "soundfile"):
+        module = types.ModuleType(name)
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)  # transformers looks for some of them
+        monkeypatch.setitem(sys.modules, name, module)
+    sys.modules["faster_qwen3_tts"].FasterQwen3TTS = FakePeer
+    sys.modules["faster_qwen3_tts"].__version__ = "0.5.4"
     monkeypatch.setattr(peer, "_stub_unused_imports", lambda: None)
     monkeypatch.setattr(FakePeer, "calls", [])
     monkeypatch.setattr(FakePeer, "stop_after", None)

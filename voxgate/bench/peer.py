@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.machinery
+import importlib.metadata
 import json
 import statistics
 import sys
@@ -51,6 +52,9 @@ VOICE_DESIGN_INSTRUCT = "A calm voice."
 WHEELS = {
     "faster_qwen3_tts": "faster-qwen3-tts==0.5.4",
     "qwen_tts": "qwen-tts-hf==0.1.1.post1",
+    "transformers": "transformers==5.15.1",
+    "tokenizers": "tokenizers==0.22.2",
+    "accelerate": "accelerate==1.12.0",
     "librosa": "librosa==0.11.0",
     "soundfile": "soundfile==0.14.0",
     "_soundfile": "soundfile==0.14.0",
@@ -98,6 +102,14 @@ def _import_peer() -> tuple[Any, str]:
             "and PYTHONPATH=/tmp/site (see .gpu/peer/README.txt)"
         ) from e
     return faster_qwen3_tts.FasterQwen3TTS, getattr(faster_qwen3_tts, "__version__", "unknown")
+
+
+def _version(dist: str) -> str | None:
+    """An installed distribution's version (the first on sys.path, as imports see it)."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 @dataclass
@@ -189,9 +201,17 @@ def run_faster_qwen3_tts(
             torch.cuda.synchronize()
 
     t0 = time.perf_counter()
-    model = model_cls.from_pretrained(
-        model_dir, device=device, dtype=getattr(torch, dtype), max_seq_len=max(2048, frames + 512)
-    )
+    try:
+        model = model_cls.from_pretrained(
+            model_dir, device=device, dtype=getattr(torch, dtype), max_seq_len=max(2048, frames + 512)
+        )
+    except AttributeError as e:  # qwen-tts-hf 0.1.1.post1 under transformers 5.17: MimiConfig has no rope_theta
+        if "rope_theta" not in str(e):
+            raise
+        raise RuntimeError(
+            f"qwen-tts-hf cannot load under transformers {_version('transformers')} ({e}); "
+            "install transformers==5.15.1 and tokenizers==0.22.2 from .gpu/peer/whl (see .gpu/peer/README.txt)"
+        ) from e
     sync()
     load_s = time.perf_counter() - t0
 
@@ -228,6 +248,7 @@ def run_faster_qwen3_tts(
     result: dict[str, Any] = {
         "peer": PEER,
         "version": version,
+        "transformers": _version("transformers"),
         "model": Path(model_dir).name,
         "model_type": kind,
         "speaker": speaker,

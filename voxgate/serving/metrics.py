@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -49,14 +49,16 @@ class Metrics:
 
 
 class _EngineCounters(Collector):
-    """`voxgate_engine_<group>_total{name=...}` from the engine's `counters()` at scrape time."""
+    """`voxgate_engine_<group>_total{name=...}` from the engine's `counters()` at scrape time;
+    a group named `*_now` holds gauges (`voxgate_engine_<group>{name=...}`)."""
 
     def __init__(self, counters: Callable[[], dict[str, dict[str, float]]]) -> None:
         self.counters = counters
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         for group, values in self.counters().items():
-            family = CounterMetricFamily(f"voxgate_engine_{group}", f"Engine counter: {group}.", labels=["name"])
+            kind = GaugeMetricFamily if group.endswith("_now") else CounterMetricFamily
+            family = kind(f"voxgate_engine_{group}", f"Engine {kind.__name__[:5].lower()}: {group}.", labels=["name"])
             for name, value in values.items():
                 family.add_metric([name], value)
             yield family

@@ -141,7 +141,25 @@ class DecoderState:
             self.position_t.zero_()
 
 
-class _Stateful(nn.Module):
+class _Derived(nn.Module):
+    """A module whose forward uses tensors derived from its parameters (reshaped weights,
+    exp() of log-scales, codebook tables): computed once, on first use, by the same ops
+    as before (so results are unchanged), and kept as plain tensors. Work per packet drops,
+    and torch.compile sees no parameter slicing. `CodecDecoder.refresh()` recomputes them."""
+
+    _derived: tuple[torch.Tensor, ...] | None = None
+
+    def derive(self) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def derived(self) -> tuple[torch.Tensor, ...]:
+        if self._derived is None:
+            with torch.no_grad():
+                self._derived = tuple(t.detach().clone() for t in self.derive())
+        return self._derived
+
+
+class _Stateful(_Derived):
     key = ""  # set by CodecDecoder to the module's path, unique within the decoder
 
 
@@ -151,11 +169,14 @@ class CausalConv(_Stateful):
         self.conv = nn.Conv1d(c_in, c_out, kernel, dilation=dilation)
         self.kernel, self.dilation = kernel, dilation
 
+    def derive(self) -> tuple[torch.Tensor, ...]:
+        return (self.conv.weight.reshape(self.conv.out_channels, -1),)
+
     def forward(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
         history = state.tensors.get(self.key)
         if history is None:
             history = x.new_zeros(x.shape[0], x.shape[1], (self.kernel - 1) * self.dilation)
-        weight2d = self.conv.weight.reshape(self.conv.out_channels, -1)
+        (weight2d,) = self.derived()
         y, new_history = ops.causal_conv(x, history, weight2d, self.conv.bias, self.kernel, self.dilation)
         state.put(self.key, new_history)
         return y
@@ -167,25 +188,32 @@ class CausalTransConv(_Stateful):
         self.conv = nn.ConvTranspose1d(c_in, c_out, kernel, stride=stride)
         self.stride = stride
 
-    def forward(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
+    def derive(self) -> tuple[torch.Tensor, ...]:
         c_in, c_out, k = self.conv.weight.shape
+        return (self.conv.weight.reshape(c_in, c_out * k).T,)
+
+    def forward(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        _, c_out, k = self.conv.weight.shape
         tail = state.tensors.get(self.key)
         if tail is None:
             tail = x.new_zeros(x.shape[0], c_out, k - self.stride)
-        weight2d = self.conv.weight.reshape(c_in, c_out * k).T
+        (weight2d,) = self.derived()
         y, new_tail = ops.transposed_conv(x, tail, weight2d, self.conv.bias, self.stride)
         state.put(self.key, new_tail)
         return y
 
 
-class SnakeBeta(nn.Module):
+class SnakeBeta(_Derived):
     def __init__(self, channels: int) -> None:
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
 
+    def derive(self) -> tuple[torch.Tensor, ...]:
+        return torch.exp(self.alpha), 1.0 / (torch.exp(self.beta) + 1e-9)
+
     def forward(self, x: torch.Tensor, state: DecoderState | None = None) -> torch.Tensor:
-        return ops.snake_beta(x, torch.exp(self.alpha), 1.0 / (torch.exp(self.beta) + 1e-9))
+        return ops.snake_beta(x, *self.derived())
 
 
 class DepthwiseConv(_Stateful):
@@ -193,12 +221,16 @@ class DepthwiseConv(_Stateful):
         super().__init__()
         self.conv = nn.Conv1d(channels, channels, kernel, groups=channels)
 
+    def derive(self) -> tuple[torch.Tensor, ...]:
+        return (self.conv.weight[:, 0],)
+
     def forward(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
         k = self.conv.weight.shape[-1]
         history = state.tensors.get(self.key)
         if history is None:
             history = x.new_zeros(x.shape[0], x.shape[1], k - 1)
-        y, new_history = ops.depthwise_causal_conv(x, history, self.conv.weight[:, 0], self.conv.bias)
+        (taps,) = self.derived()
+        y, new_history = ops.depthwise_causal_conv(x, history, taps, self.conv.bias)
         state.put(self.key, new_history)
         return y
 
@@ -365,23 +397,28 @@ class _VQStack(nn.Module):
         self.layers = nn.ModuleList(_VQLayer(size, dim) for _ in range(n))
 
 
-class _RVQ(nn.Module):
+class _RVQ(_Derived):
     def __init__(self, n: int, size: int, dim: int, io_dim: int) -> None:
         super().__init__()
         self.input_proj = nn.Conv1d(io_dim, dim, 1, bias=False)  # encoder side; unused when decoding
         self.output_proj = nn.Conv1d(dim, io_dim, 1, bias=False)
         self.vq = _VQStack(n, size, dim)
 
+    def derive(self) -> tuple[torch.Tensor, ...]:
+        """The output projection (io_dim, dim), then one (size, dim) table per codebook."""
+        books = [layer._codebook for layer in self.vq.layers]
+        tables = [b.embedding_sum / b.cluster_usage.clamp(min=1e-5)[:, None] for b in books]
+        return self.output_proj.weight[:, :, 0], *tables
+
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """codes: (B, n, T) -> (B, T, io_dim)."""
+        projection, *tables = self.derived()
         total = None
-        for i, layer in enumerate(self.vq.layers):
-            book = layer._codebook
-            table = book.embedding_sum / book.cluster_usage.clamp(min=1e-5)[:, None]
+        for i, table in enumerate(tables):
             part = torch.nn.functional.embedding(codes[:, i], table)
             total = part if total is None else total + part
         assert total is not None
-        return ops.linear(total, self.output_proj.weight[:, :, 0])
+        return ops.linear(total, projection)
 
 
 class _Quantizer(nn.Module):
@@ -417,6 +454,12 @@ class CodecDecoder(nn.Module):
         for name, module in self.named_modules():
             if isinstance(module, _Stateful):
                 module.key = name
+
+    def refresh(self) -> None:
+        """Recompute the tensors derived from the weights (after the weights change)."""
+        for module in self.modules():
+            if isinstance(module, _Derived):
+                module._derived = None
 
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor, state: DecoderState | None = None) -> torch.Tensor:

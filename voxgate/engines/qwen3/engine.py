@@ -126,16 +126,19 @@ class Qwen3Engine:
         fallbacks: dict[str, float] = {}
         replays = {"decode_step": 0.0}
         load: dict[str, float] = {}
+        now: dict[str, float] = {}
         if self.runner is not None:
             stats, run = self.runner.decoder.stats, self.runner.stats
             replays["decode_step"] = float(stats.replays)
             fallbacks.update({k: float(v) for k, v in stats.eager_fallbacks.items()})
             running, waiting = self.runner.load()
-            load = {"running": float(running), "waiting": float(waiting), "steps": float(run.steps),
-                    "admitted": float(run.admitted), "queue_seconds": run.queue_seconds}  # fmt: skip
+            now = {"running": float(running), "waiting": float(waiting)}
+            load = {"steps": float(run.steps), "admitted": float(run.admitted), "finished": float(run.finished),
+                    "cancelled": float(run.cancelled), "failed": float(run.failed),
+                    "queue_seconds": run.queue_seconds, "stream_steps": float(run.rows_stepped)}  # fmt: skip
         if self.eager_reason is not None:
             fallbacks[f"no_graphs_{self.eager_reason}"] = float(self._streams_served)
-        return {"graph_replays": replays, "eager_fallbacks": fallbacks, "streams": load}
+        return {"graph_replays": replays, "eager_fallbacks": fallbacks, "streams": load, "streams_now": now}
 
     def voices(self) -> list[VoiceInfo]:
         if self.clones is None:

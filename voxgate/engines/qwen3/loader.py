@@ -120,6 +120,7 @@ def load_checkpoint(model_dir: Path, device: str = "cpu", dtype: torch.dtype = t
     del codec_weights
     talker.to(device=device, dtype=dtype).eval()
     codec.to(device=device, dtype=dtype).eval()
+    codec.refresh()
     try:
         tokenizer = load_text_tokenizer(model_dir)
         generation = json.loads((model_dir / "generation_config.json").read_text())
