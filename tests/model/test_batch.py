@@ -16,7 +16,7 @@ from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.engine import Qwen3Engine
 from voxgate.engines.qwen3.generate import generate_codes
 from voxgate.engines.qwen3.prompt import PromptBuilder
-from voxgate.engines.qwen3.sampling import hashed_uniform, sample_rows
+from voxgate.engines.qwen3.sampling import hashed_gumbel, hashed_uniform, sample_rows
 from voxgate.types import Busy, CancelToken, SynthesisRequest
 
 TEXTS = ["Batched rows, same codes.", "A second stream joins later on.", "Third!"]
@@ -79,12 +79,23 @@ def test_sampled_rows_follow_their_own_seed_whatever_else_is_in_the_batch(ours):
     ck = ours["cv06"]
     params = SamplingParams(max_new_tokens=40, min_new_tokens=40, top_p=0.9)
     prompts = _prompts(ck)
-    decoder = BatchDecoder(ck.talker, ck.codec, slots=4, capacity=128)
+    decoder = BatchDecoder(ck.talker, ck.codec, slots=4, capacity=128, sampling=params)
+    assert decoder.nucleus and decoder.sample_width == 50
     alone, _ = _run(decoder, prompts[:1], params, joins=[0], frames=8, seeds=(5,))
     crowd, _ = _run(decoder, prompts, params, joins=[0, 0, 2], frames=8, seeds=(5, 6, 7))
     assert torch.equal(torch.stack(alone[0]), torch.stack(crowd[0]))
     other, _ = _run(decoder, prompts[:1], params, joins=[0], frames=8, seeds=(6,))
     assert not torch.equal(torch.stack(alone[0]), torch.stack(other[0]))
+
+
+def test_settings_outside_the_captured_sampler_are_refused(ours):
+    ck = ours["cv06"]
+    decoder = BatchDecoder(ck.talker, ck.codec, slots=2, capacity=128, sampling=SamplingParams(top_k=20))
+    prompt = _prompts(ck)[0]
+    with pytest.raises(ValueError, match="top_k"):
+        decoder.admit(0, prompt, SamplingParams(top_k=0), seed=1)
+    with pytest.raises(ValueError, match="top_p"):
+        decoder.admit(0, prompt, SamplingParams(top_k=20, subtalker_top_k=20, top_p=0.5), seed=1)
 
 
 def test_attention_lengths_double_up_to_the_capacity():
@@ -106,22 +117,25 @@ def test_per_row_sampling_settings():
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(4, 1)
     n = 20000
     counters = torch.arange(n)[:, None]
-    noise = hashed_uniform(torch.full((n,), 3), counters, 4)[:, 0]
+    gumbel = hashed_gumbel(torch.full((n,), 3), counters, 4)[:, 0]
 
-    def draws(do_sample, top_k, top_p, temperature=1.0):
+    def draws(do_sample, top_k, top_p, temperature=1.0, width=0):
         rows = logits[:1].repeat(n, 1)
         return sample_rows(
             rows,
-            noise,
+            gumbel,
             torch.full((n,), do_sample),
             torch.full((n, 1), temperature),
             torch.full((n,), top_k),
             torch.full((n,), top_p),
+            width,
         )
 
     freq = torch.bincount(draws(True, 0, 1.0), minlength=4).float() / n
     assert torch.allclose(freq, torch.softmax(logits[0], dim=0), atol=0.015)  # Gumbel-max = softmax
     assert set(draws(True, 2, 1.0).tolist()) == {0, 1}  # top-k
+    assert torch.equal(draws(True, 2, 1.0, width=2), draws(True, 2, 1.0))  # only the top-2 ranked: same draws
+    assert set(draws(True, 3, 1.0, width=3).tolist()) == {0, 1, 2}
     assert set(draws(True, 0, 0.7).tolist()) == {0, 1}  # top-p: 0.64 < 0.7 needs the second id
     assert set(draws(True, 0, 0.5).tolist()) == {0}
     assert set(draws(False, 0, 1.0).tolist()) == {0}  # greedy
@@ -252,3 +266,24 @@ def test_the_codec_state_keeps_rows_apart(ours):
     out = torch.cat(out, dim=-1)
     torch.testing.assert_close(out[0], codec.decode(codes[:1])[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(out[1, 2 * 1920 :], codec.decode(codes[1:, :, 2:])[0], atol=1e-5, rtol=0)
+
+
+def test_the_fused_fast_path_computes_what_the_reference_path_does(ours):
+    """`Talker.fuse()` (used on GPUs): one q/k/v and one gate/up projection, RoPE tables, masks
+    once per step. On the CPU it must give the same codes and nearly the same numbers."""
+    import copy
+
+    ck = ours["cv06"]
+    fused = copy.deepcopy(ck.talker)
+    fused.fuse()
+    assert fused.model.rope_table is not None and fused.model.layers[0].self_attn.qkv is not None
+    params = SamplingParams.greedy(max_new_tokens=40, min_new_tokens=40)
+    prompt = _prompts(ck)[1]
+    expected = torch.stack(list(generate_codes(ck.talker, prompt, params)))[:10]
+    assert torch.equal(torch.stack(list(generate_codes(fused, prompt, params)))[:10], expected)
+    plain = BatchDecoder(ck.talker, ck.codec, slots=2, capacity=128)
+    fast = BatchDecoder(fused, ck.codec, slots=2, capacity=128)
+    a, _ = _run(plain, [prompt], params, joins=[0], frames=10)
+    b, _ = _run(fast, [prompt], params, joins=[0], frames=10)
+    assert torch.equal(torch.stack(a[0]), torch.stack(b[0])) and torch.equal(torch.stack(b[0]), expected)
+    torch.testing.assert_close(fast.hidden, plain.hidden, atol=1e-4, rtol=1e-4)

@@ -28,7 +28,7 @@ import torch
 from voxgate.engines.qwen3.codec import CodecDecoder, DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.prompt import Prompt
-from voxgate.engines.qwen3.sampling import batched_talker_scores, control_mask, hashed_uniform, sample_rows
+from voxgate.engines.qwen3.sampling import batched_talker_scores, control_mask, hashed_gumbel, sample_rows
 from voxgate.engines.qwen3.talker import Talker
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,18 @@ class GraphStats:
 
     def fallback(self, reason: str) -> None:
         self.eager_fallbacks[reason] = self.eager_fallbacks.get(reason, 0) + 1
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A stream entering the batch: its row, prompt, sampling settings and seed, and the codec
+    state to continue from (a cloned voice's reference pre-roll)."""
+
+    row: int
+    prompt: Prompt
+    params: SamplingParams
+    seed: int
+    context: DecoderState | None = None
 
 
 @dataclass(frozen=True)
@@ -74,9 +86,16 @@ class BatchDecoder:
         max_text_rows: int = 512,
         use_graphs: bool = True,
         compile_bodies: bool = False,
+        sampling: SamplingParams | None = None,
     ) -> None:
         if slots > BUCKETS[-1]:
             raise ValueError(f"at most {BUCKETS[-1]} streams decode together")
+        # What the captured sampler must support, from the engine's settings: with top-k on,
+        # only the top-k candidates are ranked (no full sort); top-p costs a softmax+cumsum.
+        sampling = sampling or SamplingParams()
+        ks = (sampling.top_k, sampling.subtalker_top_k)
+        self.sample_width = max(ks) if min(ks) > 0 else 0
+        self.nucleus = min(sampling.top_p, sampling.subtalker_top_p) < 1.0
         self.talker, self.codec = talker, codec
         self.slots, self.capacity, self.max_text_rows = slots, capacity, max_text_rows
         self.buckets = (*(b for b in BUCKETS if b < slots), slots)
@@ -117,7 +136,7 @@ class BatchDecoder:
         self.eos[cfg.codec_eos_id] = True
         # The codec decoder's per-row streaming state, and the step's outputs.
         self.codec_state = DecoderState()
-        with torch.inference_mode():
+        with torch.no_grad():  # normal tensors, not inference ones: torch.compile takes them as inputs
             codec.decode(torch.zeros(s, codec.config.num_quantizers, 1, dtype=torch.long, **z), self.codec_state)
         self.codec_state.freeze_rows(self.device, s)
         self.out_codes = torch.zeros(s, groups, dtype=torch.long, **z)
@@ -129,7 +148,7 @@ class BatchDecoder:
         self._body: Callable[[int, int], None] = self._step_body
         if compile_bodies and self.device.type == "cuda":
             torch._dynamo.config.cache_size_limit = max(64, 2 * len(self.buckets) * len(self.lengths))
-            self._body = torch.compile(self._step_body, dynamic=False)
+            self._body = torch.compile(self._step_body, dynamic=True)  # one compile for all bucket shapes
         if use_graphs and self.device.type == "cuda":
             self.capture()
 
@@ -138,12 +157,19 @@ class BatchDecoder:
     def _step_body(self, b: int, length: int) -> None:
         talker, cfg = self.talker, self.talker.cfg
         counters = self.draws[:b, None] * self.groups + torch.arange(self.groups, device=self.device)
-        noise = hashed_uniform(self.seeds[:b], counters, cfg.vocab_size)  # (b, 16, V)
+        noise = hashed_gumbel(self.seeds[:b], counters, self.sample_width or cfg.vocab_size)  # (b, 16, W)
         scores = batched_talker_scores(
             self.logits[:b], self.seen[:b], self.penalty[:b], self.draws[:b] < self.min_new[:b], self.eos, self.control
         )
         code0 = sample_rows(
-            scores, noise[:, 0], self.do_sample[:b], self.temperature[:b], self.top_k[:b], self.top_p[:b]
+            scores,
+            noise[:, 0],
+            self.do_sample[:b],
+            self.temperature[:b],
+            self.top_k[:b],
+            self.top_p[:b],
+            self.sample_width,
+            self.nucleus,
         )
         self.seen[:b].scatter_(1, code0[:, None], True)
         codes = self._predict_rest(b, code0, noise)
@@ -157,7 +183,7 @@ class BatchDecoder:
         self.position[:b] += self.active[:b]
         self.draws[:b] += self.active[:b]
         audio = codes.clamp(max=self.codec.config.codebook_size - 1)[:, :, None]  # EOS rows decode a stand-in
-        self.out_pcm[:b].copy_(self.codec.decode(audio, self.codec_state.rows(b)))
+        self.out_pcm[:b].copy_(self.codec.run(audio, self.codec_state.rows(b)))
         self.out_codes[:b].copy_(codes)
 
     def _predict_rest(self, b: int, code0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -180,6 +206,8 @@ class BatchDecoder:
                 self.sub_temperature[:b],
                 self.sub_top_k[:b],
                 self.sub_top_p[:b],
+                self.sample_width,
+                self.nucleus,
             )
             codes.append(code)
             if j < self.groups - 2:
@@ -218,16 +246,47 @@ class BatchDecoder:
 
     # ------------------------------------------------------------------ rows
 
-    @torch.inference_mode()
     def admit(
         self, row: int, prompt: Prompt, params: SamplingParams, seed: int, context: DecoderState | None = None
     ) -> None:
-        """Prefill `prompt` into `row` (eagerly) and set the row's sampling settings."""
-        length = prompt.embeds.shape[1]
-        if length + 2 > self.capacity:
-            raise ValueError(f"a prompt of {length} positions does not fit a KV cache of {self.capacity}")
-        hidden, logits = self.talker.step(prompt.embeds, self.cache.view(slice(row, row + 1)), 0)
-        self.hidden[row], self.logits[row] = hidden[0], logits[0]
+        """Prefill one prompt into `row`; see `admit_many`."""
+        self.admit_many([Admission(row, prompt, params, seed, context)])
+
+    @torch.inference_mode()
+    def admit_many(self, admissions: list[Admission]) -> None:
+        """Prefill several prompts in one batched forward (eagerly; padded to the longest) and
+        give each its row. Padding is harmless: a row's positions past its own prompt are
+        written again by its decode steps before any query can see them."""
+        for a in admissions:
+            self._check(a.params)
+        lengths = [a.prompt.embeds.shape[1] for a in admissions]
+        longest = max(lengths)
+        if longest + 2 > self.capacity:
+            raise ValueError(f"a prompt of {longest} positions does not fit a KV cache of {self.capacity}")
+        n, hidden_size = len(admissions), self.hidden.shape[1]
+        embeds = torch.zeros(n, longest, hidden_size, dtype=self.dtype, device=self.device)
+        for i, a in enumerate(admissions):
+            embeds[i, : lengths[i]] = a.prompt.embeds[0]
+        scratch = self.talker.new_cache(n, longest)
+        states = self.talker.model(embeds, scratch, 0)
+        last = states[torch.arange(n, device=self.device), torch.tensor(lengths, device=self.device) - 1]
+        logits = self.talker.codec_head(last).float()
+        for i, a in enumerate(admissions):
+            self.cache.k[:, a.row, :, : lengths[i]] = scratch.k[:, i, :, : lengths[i]]
+            self.cache.v[:, a.row, :, : lengths[i]] = scratch.v[:, i, :, : lengths[i]]
+            self.hidden[a.row], self.logits[a.row] = last[i], logits[i]
+            self._start_row(a, lengths[i])
+
+    def _check(self, params: SamplingParams) -> None:
+        """A stream's settings must fit what the sampler was captured for."""
+        for k in (params.top_k, params.subtalker_top_k):
+            if self.sample_width and not 0 < k <= self.sample_width:
+                raise ValueError(f"top_k {k} is outside the captured sampler's 1..{self.sample_width}")
+        if not self.nucleus and min(params.top_p, params.subtalker_top_p) < 1.0:
+            raise ValueError("top_p < 1 needs a sampler captured with top-p")
+
+    def _start_row(self, a: Admission, length: int) -> None:
+        row, prompt, params, seed = a.row, a.prompt, a.params, a.seed
         self.position[row], self.draws[row], self.active[row] = length, 0, 1
         self.host_position[row] = length
         self.seen[row] = False
@@ -241,7 +300,7 @@ class BatchDecoder:
         self.top_k[row], self.sub_top_k[row] = params.top_k, params.subtalker_top_k
         self.top_p[row], self.sub_top_p[row] = params.top_p, params.subtalker_top_p
         self.penalty[row], self.min_new[row] = params.repetition_penalty, params.min_new_tokens
-        self.codec_state.start_row(row, context)
+        self.codec_state.start_row(row, a.context)
 
     def release(self, row: int) -> None:
         """The row's stream ended: it stops moving (its slot is free for the next admit)."""

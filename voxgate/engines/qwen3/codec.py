@@ -104,12 +104,16 @@ class DecoderState:
         self.position_t = torch.zeros((), dtype=torch.long, device=device)
         self.reset()
 
-    @torch.inference_mode()
     def freeze_rows(self, device: torch.device, batch: int) -> None:
         """Like `freeze`, for a state made by a decode of `batch` rows, each row its own stream
-        with its own device-side position."""
-        self.position_t = torch.zeros(batch, dtype=torch.long, device=device)
-        self.reset()
+        with its own device-side position. The buffers become normal (not inference) tensors,
+        which torch.compile can take as inputs."""
+        with torch.inference_mode(False), torch.no_grad():
+            self.tensors = {
+                k: tuple(t.clone() for t in v) if isinstance(v, tuple) else v.clone() for k, v in self.tensors.items()
+            }
+            self.position_t = torch.zeros(batch, dtype=torch.long, device=device)
+            self.reset()
 
     def rows(self, n: int) -> DecoderState:
         """A static state over the first `n` rows of this one (views: the same buffers)."""
@@ -153,8 +157,8 @@ class _Derived(nn.Module):
         raise NotImplementedError
 
     def derived(self) -> tuple[torch.Tensor, ...]:
-        if self._derived is None:
-            with torch.no_grad():
+        if self._derived is None:  # normal tensors even under inference_mode (torch.compile takes them)
+            with torch.inference_mode(False), torch.no_grad():
                 self._derived = tuple(t.detach().clone() for t in self.derive())
         return self._derived
 
@@ -464,7 +468,10 @@ class CodecDecoder(nn.Module):
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor, state: DecoderState | None = None) -> torch.Tensor:
         """Decode frames that follow `state` (a fresh stream when None); updates `state`."""
-        state = state if state is not None else DecoderState()
+        return self.run(codes, state if state is not None else DecoderState())
+
+    def run(self, codes: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        """`decode` without its inference-mode wrapper (for callers already inside one, or compiling)."""
         if codes.dim() != 3 or codes.shape[1] != self.config.num_quantizers:
             raise ValueError(f"codes must be (batch, {self.config.num_quantizers}, frames), got {tuple(codes.shape)}")
         batched = state.position_t is not None and state.position_t.dim() == 1  # the runner checks each row

@@ -91,9 +91,10 @@ class Qwen3Engine:
                 capacity=kv_capacity,
                 use_graphs=cuda_graphs,
                 compile_bodies=compile_graphs,
+                sampling=self.sampling,
             )
-            self.runner = Runner(decoder, Scheduler(max_running=max_streams, max_waiting=max_waiting,
-                                                    buckets=decoder.buckets))  # fmt: skip
+            scheduler = Scheduler(max_streams, max_waiting, max_prefills_per_step=16, buckets=decoder.buckets)
+            self.runner = Runner(decoder, scheduler)
         self.eager_reason = (
             None
             if self.runner is not None and self.runner.decoder.stats.captured

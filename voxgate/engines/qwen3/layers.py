@@ -1,7 +1,11 @@
 """The Qwen3 decoder stack shared by the talker and the code predictor, with a
 preallocated (static) KV cache so a decode step has fixed shapes.
 
-Parameter names follow the official checkpoint (`layers.N.self_attn.q_proj`, ...).
+Parameter names follow the official checkpoint (`layers.N.self_attn.q_proj`, ...). On the
+CPU every op follows the reference's order (bit-level parity). `DecoderStack.fuse()` (the
+loader calls it on a GPU) adds a faster path with fewer kernels per layer: one q/k/v
+projection, one gate/up projection, q- and k-norm in one call, RoPE from tables, masks made
+once per step instead of per layer.
 """
 
 from __future__ import annotations
@@ -55,6 +59,32 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)  # QK-norm, per head, before RoPE
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.heads, self.kv_heads, self.head_dim = h, kv, d
+        self.qkv: torch.Tensor | None = None  # set by fuse()
+        self.qk_norm: torch.Tensor | None = None
+
+    def fuse(self) -> None:
+        with torch.inference_mode(False), torch.no_grad():
+            self.qkv = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+            norms = [self.q_norm.weight.expand(self.heads, -1), self.k_norm.weight.expand(self.kv_heads, -1)]
+            self.qk_norm = torch.cat(norms)  # (heads + kv_heads, head_dim)
+
+    def _project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, H, T, D), k and v (B, KV, T, D): normed and rotated."""
+        b, t, _ = x.shape
+        if self.qkv is not None and self.qk_norm is not None:
+            qkv = F.linear(x, self.qkv)
+            split = (self.heads + self.kv_heads) * self.head_dim
+            qk = qkv[..., :split].view(b, t, self.heads + self.kv_heads, self.head_dim)
+            qk = (F.rms_norm(qk, (self.head_dim,), eps=self.q_norm.eps) * self.qk_norm).transpose(1, 2)
+            qk = ops.apply_rope(qk, cos, sin)
+            v = qkv[..., split:].view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            return qk[:, : self.heads], qk[:, self.heads :], v
+        q = self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        return ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin), v
 
     def forward(
         self,
@@ -64,14 +94,12 @@ class Attention(nn.Module):
         cache: KVCache,
         layer: int,
         start: int | torch.Tensor,
+        step: StepIndex | None = None,
     ) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
+        q, k, v = self._project(x, cos, sin)
         if isinstance(start, torch.Tensor):
-            return self.o_proj(self._fixed_shape_step(q, k, v, cache, layer, start))
+            return self.o_proj(self._fixed_shape_step(q, k, v, cache, layer, step or StepIndex.make(start, b, cache)))
         end = start + t
         cache.k[layer, :, :, start:end] = k
         cache.v[layer, :, :, start:end] = v
@@ -92,29 +120,41 @@ class Attention(nn.Module):
         return self.o_proj(out)
 
     def _fixed_shape_step(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int, position: torch.Tensor
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int, step: StepIndex
     ) -> torch.Tensor:
-        """One new position per row given as a device tensor (a scalar, or (B,) for rows at
-        different positions): the same shapes on every call (CUDA graphs), attention over
-        the first `cache.visible` slots with later ones masked, GQA without copies."""
+        """One new position per row, given on the device: the same shapes on every call (CUDA
+        graphs), attention over the first `cache.visible` slots with later ones masked, GQA
+        without copies."""
         b = q.shape[0]
-        rows = position.view(-1).expand(b)
-        batch = torch.arange(b, device=q.device)
-        cache.k[layer][batch, :, rows] = k[:, :, 0]
-        cache.v[layer][batch, :, rows] = v[:, :, 0]
+        cache.k[layer][step.batch, :, step.rows] = k[:, :, 0]
+        cache.v[layer][step.batch, :, step.rows] = v[:, :, 0]
         keys, values = cache.k[layer, :, :, : cache.visible], cache.v[layer, :, :, : cache.visible]
-        slots = torch.arange(cache.visible, device=q.device)
-        later = slots[None, :] > rows[:, None]  # (B, visible)
         if q.is_cuda:
-            mask = ~later[:, None, None, :]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.visible, enable_gqa=True)
             return out.transpose(1, 2).reshape(b, 1, self.heads * self.head_dim)
         groups = self.heads // self.kv_heads
         qg = q.reshape(b, self.kv_heads, groups, self.head_dim)
         scores = torch.matmul(qg, keys.transpose(2, 3)) * self.head_dim**-0.5  # (B, KV, G, visible)
-        scores = scores.masked_fill(later[:, None, None, :], float("-inf"))
+        scores = scores.masked_fill(~step.visible, float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         return torch.matmul(probs, values).reshape(b, 1, self.heads * self.head_dim)
+
+
+class StepIndex:
+    """What every layer of one fixed-shape step needs, made once per step: the batch rows,
+    each row's position, and which cache slots each row may see (B, 1, 1, visible)."""
+
+    __slots__ = ("batch", "rows", "visible")
+
+    def __init__(self, batch: torch.Tensor, rows: torch.Tensor, visible: torch.Tensor) -> None:
+        self.batch, self.rows, self.visible = batch, rows, visible
+
+    @classmethod
+    def make(cls, position: torch.Tensor, b: int, cache: KVCache) -> StepIndex:
+        rows = position.view(-1).expand(b)
+        slots = torch.arange(cache.visible, device=position.device)
+        visible = (slots[None, :] <= rows[:, None])[:, None, None, :]
+        return cls(torch.arange(b, device=position.device), rows, visible)
 
 
 class MLP(nn.Module):
@@ -123,8 +163,16 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(dim, hidden, bias=False)
         self.up_proj = nn.Linear(dim, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, dim, bias=False)
+        self.gate_up: torch.Tensor | None = None  # set by fuse()
+
+    def fuse(self) -> None:
+        with torch.inference_mode(False), torch.no_grad():
+            self.gate_up = torch.cat([self.gate_proj.weight, self.up_proj.weight])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is not None:
+            gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -150,9 +198,31 @@ class DecoderStack(nn.Module):
             cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim)
         )
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # set by fuse()
+
+    def fuse(self, positions: int = 8192) -> None:
+        """The fast path (see the module docstring); RoPE tables hold the same values the
+        per-call computation gives, for `positions` positions."""
+        for layer in self.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        with torch.inference_mode(False), torch.no_grad():
+            cos, sin = self._rope_values(0, positions, self.norm.weight.dtype)
+            self.rope_table = (cos, sin)
 
     def rope(self, start: int | torch.Tensor, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin (T, D) for positions start..start+T-1; (B, 1, T, D) when `start` is (B,)."""
+        if self.rope_table is not None and self.rope_table[0].dtype == dtype:
+            cos, sin = self.rope_table
+            if not isinstance(start, torch.Tensor):
+                return cos[start : start + length], sin[start : start + length]
+            if start.dim() == 1 and length == 1:
+                return cos[start][:, None, None], sin[start][:, None, None]
+        return self._rope_values(start, length, dtype)
+
+    def _rope_values(
+        self, start: int | torch.Tensor, length: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         positions = torch.arange(length, device=self.inv_freq.device, dtype=torch.float32)
         if isinstance(start, torch.Tensor) and start.dim() == 1:
             positions = positions[None, :] + start[:, None]  # (B, T)
@@ -166,7 +236,8 @@ class DecoderStack(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: KVCache, start: int | torch.Tensor) -> torch.Tensor:
         cos, sin = self.rope(start, x.shape[1], x.dtype)
+        step = StepIndex.make(start, x.shape[0], cache) if isinstance(start, torch.Tensor) else None
         for i, layer in enumerate(self.layers):
-            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, cache, i, start)
+            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, cache, i, start, step)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)

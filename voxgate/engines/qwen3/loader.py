@@ -121,6 +121,8 @@ def load_checkpoint(model_dir: Path, device: str = "cpu", dtype: torch.dtype = t
     talker.to(device=device, dtype=dtype).eval()
     codec.to(device=device, dtype=dtype).eval()
     codec.refresh()
+    if talker.codec_head.weight.is_cuda:
+        talker.fuse()
     try:
         tokenizer = load_text_tokenizer(model_dir)
         generation = json.loads((model_dir / "generation_config.json").read_text())

@@ -88,7 +88,7 @@ def transposed_conv(
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = x.dtype
     if x.is_cuda:  # one fused kernel; the CPU keeps the reference's op-by-op formula (parity)
-        return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(dtype)
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(dtype)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from voxgate.engines.qwen3.batch import BatchDecoder
+from voxgate.engines.qwen3.batch import Admission, BatchDecoder
 from voxgate.engines.qwen3.codec import DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.prompt import Prompt
@@ -108,8 +108,8 @@ class Runner:
                     return
                 plan = self.scheduler.plan()
             started = time.perf_counter()
-            for stream_id, row in plan.prefill:
-                self._prefill(self._jobs[stream_id], row)
+            if plan.prefill:
+                self._prefill([(self._jobs[i], row) for i, row in plan.prefill])
             jobs = [self._jobs.get(i) for i, _ in plan.decode]  # a failed prefill has left already
             running = [job for job in jobs if job is not None and job.row >= 0]
             if running:
@@ -126,17 +126,22 @@ class Runner:
                     self._deliver(job, result.codes[job.row], result.pcm[job.row])
             self.stats.busy_seconds += time.perf_counter() - started
 
-    def _prefill(self, job: Job, row: int) -> None:
-        job.started_at = time.perf_counter()
-        self.stats.queue_seconds += job.started_at - job.submitted_at
-        self.stats.admitted += 1
+    def _prefill(self, admitted: list[tuple[Job, int]]) -> None:
+        """All streams admitted this step, prefilled together."""
+        now = time.perf_counter()
+        for job, _ in admitted:
+            job.started_at = now
+            self.stats.queue_seconds += now - job.submitted_at
+            self.stats.admitted += 1
         try:
-            self.decoder.admit(row, job.prompt, job.params, job.seed, job.context)
+            self.decoder.admit_many([Admission(row, j.prompt, j.params, j.seed, j.context) for j, row in admitted])
         except Exception as exc:
             log.exception("qwen3 prefill failed")
-            self._end(job, EngineFailure(f"prefill failed: {exc}"))
+            for job, _ in admitted:
+                self._end(job, EngineFailure(f"prefill failed: {exc}"))
             return
-        job.row = row
+        for job, row in admitted:
+            job.row = row
 
     def _deliver(self, job: Job, codes: np.ndarray, pcm: np.ndarray) -> None:
         draw = job.draws

@@ -82,6 +82,11 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return (x >> 16) ^ x
 
 
+def hashed_gumbel(seeds: torch.Tensor, counters: torch.Tensor, width: int) -> torch.Tensor:
+    """Gumbel noise -log(-log(u)) from `hashed_uniform`."""
+    return -torch.log(-torch.log(hashed_uniform(seeds, counters, width)))
+
+
 def hashed_uniform(seeds: torch.Tensor, counters: torch.Tensor, width: int) -> torch.Tensor:
     """Uniform noise in (0, 1), (B, G, width), from counters alone: row b, group g, column i
     gets hash(seed_b, counter_bg, i). No generator state, so a stream's draws depend on its
@@ -96,28 +101,35 @@ def hashed_uniform(seeds: torch.Tensor, counters: torch.Tensor, width: int) -> t
 
 def sample_rows(
     logits: torch.Tensor,
-    noise: torch.Tensor,
+    gumbel: torch.Tensor,
     do_sample: torch.Tensor,
     temperature: torch.Tensor,
     top_k: torch.Tensor,
     top_p: torch.Tensor,
+    width: int = 0,
+    nucleus: bool = True,
 ) -> torch.Tensor:
     """One id per row of (B, V) float32 logits, each row with its own settings, no host sync.
 
     Greedy rows take the argmax. Sampling rows: scale by temperature (B, 1), keep the top_k
-    (B,) best (0 = all) and the smallest set whose probability reaches top_p (B,), then a
-    Gumbel-max draw with `noise` (B, V) uniform in (0, 1), in sorted order."""
+    (B,) best (0 = all) and, when `nucleus`, the smallest set whose probability reaches top_p
+    (B,); then a Gumbel-max draw with `gumbel` (B, >= W) noise by rank. With `width` W > 0
+    only the W best ids are candidates (every row's top_k must be 1..W); else all are sorted."""
     greedy = logits.argmax(dim=-1)
-    ordered, order = torch.sort(logits / temperature, dim=-1, descending=True)
-    rank = torch.arange(logits.shape[-1], device=logits.device)
+    scaled = logits / temperature
+    if 0 < width < logits.shape[-1]:
+        ordered, order = torch.topk(scaled, width, dim=-1)
+    else:
+        ordered, order = torch.sort(scaled, dim=-1, descending=True)
+    rank = torch.arange(ordered.shape[-1], device=logits.device)
     keep = (rank[None, :] < top_k[:, None]) | (top_k[:, None] <= 0)
     ordered = ordered.masked_fill(~keep, float("-inf"))
-    probs = ordered.softmax(dim=-1)
-    before = probs.cumsum(dim=-1) - probs  # probability of the better-ranked ids
-    nucleus = (before >= top_p[:, None]) & (top_p[:, None] < 1.0)  # the best id always stays
-    ordered = ordered.masked_fill(nucleus, float("-inf"))
-    gumbel = -torch.log(-torch.log(noise))
-    chosen = order.gather(-1, (ordered + gumbel).argmax(dim=-1, keepdim=True))[:, 0]
+    if nucleus:
+        probs = ordered.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # probability of the better-ranked ids
+        outside = (before >= top_p[:, None]) & (top_p[:, None] < 1.0)  # the best id always stays
+        ordered = ordered.masked_fill(outside, float("-inf"))
+    chosen = order.gather(-1, (ordered + gumbel[:, : ordered.shape[-1]]).argmax(dim=-1, keepdim=True))[:, 0]
     return torch.where(do_sample, chosen, greedy)
 
 
