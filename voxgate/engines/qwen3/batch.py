@@ -143,6 +143,7 @@ class BatchDecoder:
         self.out_pcm = torch.zeros(s, codec.config.samples_per_frame, dtype=self.dtype, **z)
         # Host-side mirror of each row's position (to pick the attention length without a sync).
         self.host_position = [0] * s
+        self._host: dict[tuple[bool, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.stats = GraphStats()
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._body: Callable[[int, int], None] = self._step_body
@@ -307,12 +308,18 @@ class BatchDecoder:
         self.active[row] = 0
 
     def frame_room(self, prompt_length: int) -> int:
-        """How many frames a prompt of this length can draw before its row's cache is full."""
-        return self.capacity - prompt_length - 1
+        """How many frames a prompt of this length can draw before its row's cache is full
+        (one position spare: a pipelined runner may step a row once after its last frame)."""
+        return self.capacity - prompt_length - 2
 
-    @torch.inference_mode()
     def step(self, b: int, rows: list[int]) -> StepResult:
         """One frame for rows 0..b-1 (`rows`: those in use, to size the attention span)."""
+        return self.launch(b, rows).result()
+
+    @torch.inference_mode()
+    def launch(self, b: int, rows: list[int]) -> PendingStep:
+        """Start a step and the copy of its outputs to the host, without waiting: the caller
+        can deliver the previous step's frames while the GPU works on this one."""
         needed = max((self.host_position[r] + 1 for r in rows), default=1)
         length = next(n for n in self.lengths if n >= needed)
         graph = self._graphs.get((b, length))
@@ -325,5 +332,41 @@ class BatchDecoder:
             self._body(b, length)
         for r in rows:
             self.host_position[r] += 1
-        codes = self.out_codes[:b].to("cpu", copy=True)  # the one host sync per step
-        return StepResult(codes.numpy(), self.out_pcm[:b].to("cpu", torch.float32, copy=True).numpy())
+        return PendingStep.start(self.out_codes[:b], self.out_pcm[:b], self._host_buffers(b))
+
+    def _host_buffers(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Alternating (pinned, on a GPU) host buffers, so two steps can be in flight."""
+        self._flip = not getattr(self, "_flip", False)
+        key = (self._flip, b)
+        buffers = self._host.get(key)
+        if buffers is None:
+            pinned = self.device.type == "cuda"
+            codes = torch.empty(b, self.groups, dtype=torch.long, pin_memory=pinned)
+            pcm = torch.empty(b, self.out_pcm.shape[1], dtype=self.dtype, pin_memory=pinned)
+            buffers = self._host[key] = (codes, pcm)
+        return buffers
+
+
+@dataclass
+class PendingStep:
+    """A launched step: its outputs are being copied to host buffers; `result()` waits."""
+
+    codes: torch.Tensor
+    pcm: torch.Tensor
+    done: torch.cuda.Event | None
+
+    @classmethod
+    def start(cls, codes: torch.Tensor, pcm: torch.Tensor, host: tuple[torch.Tensor, torch.Tensor]) -> PendingStep:
+        host_codes, host_pcm = host
+        host_codes.copy_(codes, non_blocking=True)
+        host_pcm.copy_(pcm, non_blocking=True)
+        done = None
+        if codes.is_cuda:
+            done = torch.cuda.Event()
+            done.record()
+        return cls(host_codes, host_pcm, done)
+
+    def result(self) -> StepResult:
+        if self.done is not None:
+            self.done.synchronize()  # the one wait per step
+        return StepResult(self.codes.numpy().copy(), self.pcm.to(torch.float32, copy=True).numpy())

@@ -93,7 +93,7 @@ class Qwen3Engine:
                 compile_bodies=compile_graphs,
                 sampling=self.sampling,
             )
-            scheduler = Scheduler(max_streams, max_waiting, max_prefills_per_step=16, buckets=decoder.buckets)
+            scheduler = Scheduler(max_streams, max_waiting, max_prefills_per_step=max_streams, buckets=decoder.buckets)
             self.runner = Runner(decoder, scheduler)
         self.eager_reason = (
             None

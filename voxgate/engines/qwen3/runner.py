@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from voxgate.engines.qwen3.batch import Admission, BatchDecoder
+from voxgate.engines.qwen3.batch import Admission, BatchDecoder, PendingStep
 from voxgate.engines.qwen3.codec import DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.prompt import Prompt
@@ -45,6 +45,7 @@ class Job:
     row: int = -1
     draws: int = 0
     closed: bool = False  # set by the reader when it stops reading (client gone, generator closed)
+    ended: bool = False  # set by the runner once the job has left it
 
     @property
     def stopped(self) -> bool:
@@ -97,10 +98,14 @@ class Runner:
     # ------------------------------------------------------------------ the loop
 
     def _loop(self) -> None:
+        """Pipelined: step n+1 is launched before step n's frames are handed out, so the GPU
+        never waits for the host's bookkeeping. A stream that ends at step n may run once more
+        in step n+1; that frame is dropped (its row has one spare cache position for it)."""
+        pending: tuple[PendingStep, list[Job]] | None = None
         while True:
             with self._lock:
                 self._drop_cancelled()
-                while not self._closed and not self._jobs:
+                while not self._closed and not self._jobs and pending is None:
                     self._lock.wait()
                 if self._closed:
                     for job in self._jobs.values():
@@ -112,19 +117,32 @@ class Runner:
                 self._prefill([(self._jobs[i], row) for i, row in plan.prefill])
             jobs = [self._jobs.get(i) for i, _ in plan.decode]  # a failed prefill has left already
             running = [job for job in jobs if job is not None and job.row >= 0]
+            launched = None
             if running:
                 try:
-                    result = self.decoder.step(plan.bucket, [job.row for job in running])
+                    launched = (self.decoder.launch(plan.bucket, [job.row for job in running]), running)
                 except Exception as exc:  # a broken step fails everyone in it; the loop goes on
                     log.exception("qwen3 decode step failed")
                     for job in running:
                         self._end(job, EngineFailure(f"decode step failed: {exc}"))
-                    continue
-                self.stats.steps += 1
-                self.stats.rows_stepped += len(running)
-                for job in running:
-                    self._deliver(job, result.codes[job.row], result.pcm[job.row])
+            if pending is not None:
+                self._hand_out(*pending)
+            pending = launched
             self.stats.busy_seconds += time.perf_counter() - started
+
+    def _hand_out(self, step: PendingStep, running: list[Job]) -> None:
+        try:
+            result = step.result()
+        except Exception as exc:
+            log.exception("qwen3 decode step failed")
+            for job in running:
+                self._end(job, EngineFailure(f"decode step failed: {exc}"))
+            return
+        self.stats.steps += 1
+        self.stats.rows_stepped += len(running)
+        for job in running:
+            if not job.ended:
+                self._deliver(job, result.codes[job.row], result.pcm[job.row])
 
     def _prefill(self, admitted: list[tuple[Job, int]]) -> None:
         """All streams admitted this step, prefilled together."""
@@ -162,6 +180,7 @@ class Runner:
         with self._lock:
             if self._jobs.pop(job.stream_id, None) is None:
                 return
+            job.ended = True
             if job.row >= 0:
                 self.decoder.release(job.row)
             if cancelled:
