@@ -77,8 +77,10 @@ class Attention(nn.Module):
             qkv = F.linear(x, self.qkv)
             split = (self.heads + self.kv_heads) * self.head_dim
             qk = qkv[..., :split].view(b, t, self.heads + self.kv_heads, self.head_dim)
-            qk = (F.rms_norm(qk, (self.head_dim,), eps=self.q_norm.eps) * self.qk_norm).transpose(1, 2)
-            qk = ops.apply_rope(qk, cos, sin)
+            qk = F.rms_norm(qk, (self.head_dim,), eps=self.q_norm.eps) * self.qk_norm
+            # RoPE while (B, T, heads, D) is contiguous (fast elementwise kernels), then transpose.
+            qk = ops.apply_rope(qk, *(c[:, None] if c.dim() == 2 else c.transpose(1, 2) for c in (cos, sin)))
+            qk = qk.transpose(1, 2)
             v = qkv[..., split:].view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
             return qk[:, : self.heads], qk[:, self.heads :], v
         q = self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
