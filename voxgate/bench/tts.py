@@ -104,6 +104,7 @@ def _concurrent(engine: Any, voice: str | None, args: argparse.Namespace, n: int
 
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
+    before = engine.counters().get("streams", {})
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
@@ -121,6 +122,10 @@ def _concurrent(engine: Any, voice: str | None, args: argparse.Namespace, n: int
         "worst_rtf": round(max(r["wall_s"] / r["audio_s"] for r in results), 4) if results else None,
         "audio_s_per_s": round(sum(r["audio_s"] for r in results) / wall, 1),
     }
+    after = engine.counters().get("streams", {})
+    if after:  # the runner's own view: mean wait in its queue before the prefill
+        admitted = after["admitted"] - before["admitted"]
+        row["queue_ms_mean"] = round(1000 * (after["queue_seconds"] - before["queue_seconds"]) / max(1, admitted), 1)
     if args.device.startswith("cuda"):
         row["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     return row
