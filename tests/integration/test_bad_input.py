@@ -22,6 +22,8 @@ CASES = [
     ("/tts/stream", {"text": "hi", "speed": 0}, 400, "invalid_request"),
     ("/tts/stream", {"text": "hi", "speed": "fast"}, 400, "invalid_request"),
     ("/tts/stream", {"text": "hi", "txet": "typo"}, 400, "invalid_request"),
+    ("/tts/stream", {"text": "hi", "priority": 101}, 400, "invalid_request"),
+    ("/tts/stream", {"text": "hi", "priority": "high"}, 400, "invalid_request"),
     ("/tts/stream", {"text": ""}, 400, "empty_text"),
     ("/tts/stream", {"text": " \n\t "}, 400, "empty_text"),
     ("/tts/stream", {"text": "x" * 501}, 413, "text_too_long"),

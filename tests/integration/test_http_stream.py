@@ -30,6 +30,11 @@ def test_pcm_stream_is_exactly_the_engine_audio(tone_server):
     assert r.content == tone_pcm("exact audio please")
 
 
+def test_priority_is_accepted_and_does_not_change_the_audio(tone_server):
+    r = post(tone_server, {"text": "urgent words", "priority": 10})
+    assert r.status_code == 200 and r.content == tone_pcm("urgent words")
+
+
 def test_body_arrives_in_chunk_ms_pieces(tone_server):
     with httpx.stream("POST", f"{tone_server.url}/tts/stream", json={"text": "one two three"}) as r:
         sizes = [len(part) for part in r.iter_raw()]

@@ -63,6 +63,7 @@ async def tts_stream(request: Request) -> Response:
         speed=body.speed,
         instructions=body.instructions,
         seed=body.seed,
+        priority=body.priority,
         request_id=request_id_of(request),
     )
     return await open_stream(state, request, plan, endpoint="/tts/stream", sse=False)

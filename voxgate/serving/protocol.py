@@ -24,6 +24,7 @@ class TTSStreamBody(BaseModel):
     speed: float = Field(1.0, ge=0.25, le=4.0)
     instructions: str | None = Field(None, max_length=2000)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    priority: int = Field(0, ge=-100, le=100, description="higher is scheduled first (batched engines)")
 
 
 class VoiceUpload(BaseModel):

@@ -134,6 +134,7 @@ class ServerState:
         speed: float = 1.0,
         instructions: str | None = None,
         seed: int | None = None,
+        priority: int = 0,
         request_id: str = "",
     ) -> StreamPlan:
         """Validate a request against the limits and the engine; raises typed errors."""
@@ -150,6 +151,7 @@ class ServerState:
             speed=speed,
             instructions=instructions,
             seed=seed,
+            priority=priority,
             request_id=request_id,
         )
         check_request(engine, request)

@@ -268,6 +268,9 @@ class BatchDecoder:
         embeds = torch.zeros(n, longest, hidden_size, dtype=self.dtype, device=self.device)
         for i, a in enumerate(admissions):
             embeds[i, : lengths[i]] = a.prompt.embeds[0]
+            if self.device.type == "cuda":  # prompts may come from another stream: keep their memory until read
+                for t in (a.prompt.embeds, a.prompt.trailing, a.prompt.pad):
+                    t.record_stream(torch.cuda.current_stream())
         scratch = self.talker.new_cache(n, longest)
         states = self.talker.model(embeds, scratch, 0)
         last = states[torch.arange(n, device=self.device), torch.tensor(lengths, device=self.device) - 1]
