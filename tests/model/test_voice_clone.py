@@ -163,3 +163,21 @@ def test_in_context_speech_continues_the_reference_like_the_reference_decode(our
     codes = torch.stack(list(generate_codes(ck.talker, prompt, SamplingParams.greedy(max_new_tokens=8))))
     whole = ck.codec.decode(torch.cat([voice.ref_codes, codes]).T[None])[0].numpy()
     assert np.array_equal(streamed, whole[len(voice.ref_codes) * 1920 :])
+
+
+def test_batched_engine_speaks_cloned_voices_like_the_eager_one(ours):
+    """The batched runner continues each in-context voice from its reference pre-roll, per row."""
+    params = SamplingParams.greedy(max_new_tokens=8, min_new_tokens=8)
+    eager = Qwen3Engine(ours["b06"], sampling=params)
+    batched = Qwen3Engine(ours["b06"], sampling=params, batched=True, max_streams=4, kv_capacity=256)
+    try:
+        for engine in (eager, batched):
+            engine.add_voice("bob", _voice_audio(seconds=2.0, seed=4), 24000, "This is how I sound.")
+            engine.add_voice("amy", _voice_audio(seconds=1.0, seed=5), 24000, None)  # x-vector only
+        for voice in ("bob", "amy"):
+            request = SynthesisRequest(text="Same words, two runners.", voice=voice)
+            expected = np.concatenate([c.samples for c in eager.stream(request, CancelToken())])
+            got = np.concatenate([c.samples for c in batched.stream(request, CancelToken())])
+            np.testing.assert_allclose(got, expected, atol=1e-5)
+    finally:
+        batched.close()

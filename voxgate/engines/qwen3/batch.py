@@ -273,13 +273,22 @@ class BatchDecoder:
                     t.record_stream(torch.cuda.current_stream())
         scratch = self.talker.new_cache(n, longest)
         states = self.talker.model(embeds, scratch, 0)
-        last = states[torch.arange(n, device=self.device), torch.tensor(lengths, device=self.device) - 1]
-        logits = self.talker.codec_head(last).float()
-        for i, a in enumerate(admissions):
-            self.cache.k[:, a.row, :, : lengths[i]] = scratch.k[:, i, :, : lengths[i]]
-            self.cache.v[:, a.row, :, : lengths[i]] = scratch.v[:, i, :, : lengths[i]]
-            self.hidden[a.row], self.logits[a.row] = last[i], logits[i]
-            self._start_row(a, lengths[i])
+        rows = self._device_tensor([a.row for a in admissions], torch.long)
+        ends = self._device_tensor([length - 1 for length in lengths], torch.long)
+        last = states[torch.arange(n, device=self.device), ends]
+        # Whole-batch writes (a few kernels for all rows, no host sync): KV, hidden, logits, settings.
+        self.cache.k[:, :, :, :longest].index_copy_(1, rows, scratch.k)
+        self.cache.v[:, :, :, :longest].index_copy_(1, rows, scratch.v)
+        self.hidden.index_copy_(0, rows, last)
+        self.logits.index_copy_(0, rows, self.talker.codec_head(last).float())
+        self._start_rows(admissions, lengths, rows)
+
+    def _device_tensor(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        """Host values on the device without waiting for queued GPU work (pinned, async copy)."""
+        host = torch.tensor(values, dtype=dtype)
+        if self.device.type != "cuda":
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)
 
     def _check(self, params: SamplingParams) -> None:
         """A stream's settings must fit what the sampler was captured for."""
@@ -289,22 +298,30 @@ class BatchDecoder:
         if not self.nucleus and min(params.top_p, params.subtalker_top_p) < 1.0:
             raise ValueError("top_p < 1 needs a sampler captured with top-p")
 
-    def _start_row(self, a: Admission, length: int) -> None:
-        row, prompt, params, seed = a.row, a.prompt, a.params, a.seed
-        self.position[row], self.draws[row], self.active[row] = length, 0, 1
-        self.host_position[row] = length
-        self.seen[row] = False
-        text = prompt.trailing[0, : self.max_text_rows]
-        self.trailing[row, : text.shape[0]] = text
-        self.trailing_len[row] = text.shape[0]
-        self.pad.copy_(prompt.pad[0])
-        self.seeds[row] = seed & 0x7FFFFFFF
-        self.do_sample[row], self.sub_do_sample[row] = params.do_sample, params.subtalker_do_sample
-        self.temperature[row], self.sub_temperature[row] = params.temperature, params.subtalker_temperature
-        self.top_k[row], self.sub_top_k[row] = params.top_k, params.subtalker_top_k
-        self.top_p[row], self.sub_top_p[row] = params.top_p, params.subtalker_top_p
-        self.penalty[row], self.min_new[row] = params.repetition_penalty, params.min_new_tokens
-        self.codec_state.start_row(row, a.context)
+    def _start_rows(self, admissions: list[Admission], lengths: list[int], rows: torch.Tensor) -> None:
+        """Each admitted row's position, text rows, seed and sampling settings, and a fresh (or
+        the voice's pre-roll) codec state."""
+        ints, floats = [], []
+        for a, length in zip(admissions, lengths, strict=True):
+            p, text_rows = a.params, min(a.prompt.trailing.shape[1], self.max_text_rows)
+            ints.append([length, 0, 1, text_rows, a.seed & 0x7FFFFFFF, p.top_k, p.subtalker_top_k, p.min_new_tokens,
+                         int(p.do_sample), int(p.subtalker_do_sample)])  # fmt: skip
+            floats.append([p.temperature, p.subtalker_temperature, p.top_p, p.subtalker_top_p, p.repetition_penalty])
+            self.host_position[a.row] = length
+        i, f = self._device_tensor(ints, torch.long), self._device_tensor(floats, torch.float32)
+        targets = [self.position, self.draws, self.active, self.trailing_len, self.seeds, self.top_k, self.sub_top_k,
+                   self.min_new, self.do_sample, self.sub_do_sample]  # fmt: skip
+        for column, buffer in enumerate(targets):
+            buffer.index_copy_(0, rows, i[:, column].to(buffer.dtype))
+        for column, buffer in enumerate([self.temperature, self.sub_temperature, self.top_p, self.sub_top_p,
+                                         self.penalty]):  # fmt: skip
+            buffer.index_copy_(0, rows, f[:, column].reshape(-1, *buffer.shape[1:]))
+        self.seen.index_fill_(0, rows, False)
+        self.pad.copy_(admissions[0].prompt.pad[0])
+        for a in admissions:
+            text = a.prompt.trailing[0, : self.max_text_rows]
+            self.trailing[a.row, : text.shape[0]] = text
+        self.codec_state.start_rows(rows, [(a.row, a.context) for a in admissions if a.context is not None])
 
     def release(self, row: int) -> None:
         """The row's stream ended: it stops moving (its slot is free for the next admit)."""

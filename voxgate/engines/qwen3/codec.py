@@ -124,15 +124,24 @@ class DecoderState:
     @torch.inference_mode()
     def start_row(self, row: int, context: DecoderState | None = None) -> None:
         """Row `row` starts a new stream: zeroed, or continuing from a one-row `context`."""
+        rows = torch.tensor([row], device=self.position_t.device if self.position_t is not None else "cpu")
+        self.start_rows(rows, [(row, context)] if context is not None else [])
+
+    @torch.inference_mode()
+    def start_rows(self, rows: torch.Tensor, contexts: list[tuple[int, DecoderState]]) -> None:
+        """Rows `rows` (a device tensor) start new streams, zeroed in one kernel per buffer;
+        then each (row, context) pair continues from its one-row `context`."""
         assert self.position_t is not None and self.position_t.dim() == 1
-        for key, held in self.tensors.items():
-            given = None if context is None else context.tensors[key]
-            for i, buffer in enumerate(held if isinstance(held, tuple) else (held,)):
-                if given is None:
-                    buffer[row].zero_()
-                else:
+        for held in self.tensors.values():
+            for buffer in held if isinstance(held, tuple) else (held,):
+                buffer.index_fill_(0, rows, 0)
+        self.position_t.index_fill_(0, rows, 0)
+        for row, context in contexts:
+            for key, held in self.tensors.items():
+                given = context.tensors[key]
+                for i, buffer in enumerate(held if isinstance(held, tuple) else (held,)):
                     buffer[row].copy_((given[i] if isinstance(given, tuple) else given)[0])
-        self.position_t[row] = 0 if context is None else context.position
+            self.position_t[row] = context.position
 
     @torch.inference_mode()
     def reset(self) -> None:

@@ -63,9 +63,20 @@ class PromptBuilder:
         ids = torch.tensor([[cfg.tts_bos_id, cfg.tts_eos_id, cfg.tts_pad_id]], device=self._device())
         with torch.inference_mode():
             self.tts_bos, self.tts_eos, self.tts_pad = talker.text(ids)[0]  # constant rows, computed once
+        self._codec_rows: dict[tuple[int, ...], torch.Tensor] = {}
 
     def _device(self) -> torch.device:
         return self.talker.codec_head.weight.device
+
+    def _codec(self, ids: tuple[int, ...]) -> torch.Tensor:
+        """Codec embeddings of control/speaker ids (exact lookups), cached: a prompt then needs
+        one host-to-device copy, for its text, instead of five."""
+        rows = self._codec_rows.get(ids)
+        if rows is None:
+            with torch.inference_mode(False), torch.no_grad():
+                rows = self.talker.codec(torch.tensor(ids, device=self._device()))
+            self._codec_rows[ids] = rows
+        return rows
 
     def _ids(self, text: str) -> torch.Tensor:
         return torch.tensor([self.tokenizer.encode(text, add_special_tokens=False).ids], device=self._device())
@@ -119,7 +130,7 @@ class PromptBuilder:
             key = speaker.lower()
             if key not in t.speaker_ids:
                 raise UnknownVoice(f"unknown speaker {speaker!r}; available: {', '.join(t.speaker_ids)}")
-            speaker_row = talker.codec(torch.tensor([t.speaker_ids[key]], device=self._device()))
+            speaker_row = self._codec((t.speaker_ids[key],))
         elif speaker_embedding is not None:
             speaker_row = speaker_embedding.reshape(1, -1)
         lang_id = self.language_id(language, speaker.lower() if speaker else None)
@@ -128,14 +139,14 @@ class PromptBuilder:
             if lang_id is not None
             else [t.codec_nothink_id, t.codec_think_bos_id, t.codec_think_eos_id]
         )
-        codec = [talker.codec(torch.tensor(tags, device=self._device()))]
+        codec = [self._codec(tuple(tags))]
         if speaker_row is not None:
             codec.append(speaker_row)
-        codec.append(talker.codec(torch.tensor([t.codec_pad_id, t.codec_bos_id], device=self._device())))
+        codec.append(self._codec((t.codec_pad_id, t.codec_bos_id)))
         codec_seq = torch.cat(codec)
         text_seq = torch.cat([self.tts_pad.expand(len(codec_seq) - 2, -1), self.tts_bos[None]])
         rows.append(codec_seq[:-1] + text_seq)
-        codec_pad = talker.codec(torch.tensor([t.codec_pad_id], device=self._device()))[0]
+        codec_pad = self._codec((t.codec_pad_id,))[0]
         codec_bos = codec_seq[-1]
         body = ids[:, 3:-5]
         if ref_codes is not None:
