@@ -53,7 +53,7 @@ def test_graph_replay_equals_eager_in_fp32_greedy(tmp_path):
     params = SamplingParams.greedy(max_new_tokens=40, min_new_tokens=40)
     graphs = BatchDecoder(ck.talker, ck.codec, slots=4, capacity=256, use_graphs=True)
     eager = BatchDecoder(ck.talker, ck.codec, slots=4, capacity=256, use_graphs=False)
-    assert graphs.stats.captured and graphs.stats.graphs == 3  # buckets 1, 2, 4 x one length
+    assert graphs.stats.captured and graphs.stats.graphs == 3 + 20  # buckets 1, 2, 4 x one length; 20 prefill shapes
     with_graphs, _ = _staggered(graphs, prompts, params, joins=[0, 4], frames=20)
     without, _ = _staggered(eager, prompts, params, joins=[0, 4], frames=20)
     for i, prompt in enumerate(prompts):
@@ -61,6 +61,7 @@ def test_graph_replay_equals_eager_in_fp32_greedy(tmp_path):
         alone = torch.stack(list(generate_codes(ck.talker, prompt, params)))[:20].cpu()
         assert torch.equal(torch.stack(with_graphs[i]), alone)  # and the reference-order eager path
     assert graphs.stats.replays > 0 and not graphs.stats.eager_fallbacks
+    assert graphs.prefiller.replays == 2 and eager.prefiller.replays == 0  # prefills ran as graphs too
 
 
 def test_bf16_graph_mode_is_deterministic_and_streams_like_offline(tmp_path):

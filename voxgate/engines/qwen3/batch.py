@@ -27,6 +27,7 @@ import torch
 
 from voxgate.engines.qwen3.codec import CodecDecoder, DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
+from voxgate.engines.qwen3.prefill import PROMPTS, Prefiller
 from voxgate.engines.qwen3.prompt import Prompt
 from voxgate.engines.qwen3.sampling import batched_talker_scores, control_mask, hashed_gumbel, sample_rows
 from voxgate.engines.qwen3.talker import Talker
@@ -143,6 +144,7 @@ class BatchDecoder:
         self.out_pcm = torch.zeros(s, codec.config.samples_per_frame, dtype=self.dtype, **z)
         # Host-side mirror of each row's position (to pick the attention length without a sync).
         self.host_position = [0] * s
+        self.prefiller = Prefiller(talker, self.cache, self.hidden, self.logits, use_graphs)
         self._host: dict[tuple[bool, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.stats = GraphStats()
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
@@ -236,13 +238,14 @@ class BatchDecoder:
                 with torch.cuda.graph(graph, pool=pool):
                     self._body(b, length)
                 self._graphs[b, length] = graph
+        self.prefiller.capture(pool)
         torch.cuda.synchronize()
         self.codec_state.reset()  # warm-up and capture ran on the idle rows' buffers
-        self.stats.captured, self.stats.graphs = True, len(self._graphs)
+        self.stats.captured, self.stats.graphs = True, len(self._graphs) + len(self.prefiller.graphs)
         self.stats.capture_s = time.perf_counter() - t0
         log.info(
-            "captured %d CUDA graphs (buckets %s x attention lengths %s) in %.1f s",
-            len(self._graphs), self.buckets, self.lengths, self.stats.capture_s,
+            "captured %d CUDA graphs (buckets %s x attention lengths %s, and prefills) in %.1f s",
+            self.stats.graphs, self.buckets, self.lengths, self.stats.capture_s,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ rows
@@ -255,35 +258,30 @@ class BatchDecoder:
 
     @torch.inference_mode()
     def admit_many(self, admissions: list[Admission]) -> None:
-        """Prefill several prompts in one batched forward (eagerly; padded to the longest) and
-        give each its row. Padding is harmless: a row's positions past its own prompt are
-        written again by its decode steps before any query can see them."""
+        """Prefill the prompts (see `prefill.py`: batched, padded, graphs for the usual sizes)
+        and start each stream in its row."""
         for a in admissions:
             self._check(a.params)
         lengths = [a.prompt.embeds.shape[1] for a in admissions]
         longest = max(lengths)
         if longest + 2 > self.capacity:
             raise ValueError(f"a prompt of {longest} positions does not fit a KV cache of {self.capacity}")
-        n, hidden_size = len(admissions), self.hidden.shape[1]
-        embeds = torch.zeros(n, longest, hidden_size, dtype=self.dtype, device=self.device)
-        for i, a in enumerate(admissions):
-            embeds[i, : lengths[i]] = a.prompt.embeds[0]
+        for a in admissions:
             if self.device.type == "cuda":  # prompts may come from another stream: keep their memory until read
                 for t in (a.prompt.embeds, a.prompt.trailing, a.prompt.pad):
                     t.record_stream(torch.cuda.current_stream())
-        scratch = self.talker.new_cache(n, longest)
-        states = self.talker.model(embeds, scratch, 0)
         rows = self._device_tensor([a.row for a in admissions], torch.long)
-        ends = self._device_tensor([length - 1 for length in lengths], torch.long)
-        last = states[torch.arange(n, device=self.device), ends]
-        # Whole-batch writes (a few kernels for all rows, no host sync): KV, hidden, logits, settings.
-        self.cache.k[:, :, :, :longest].index_copy_(1, rows, scratch.k)
-        self.cache.v[:, :, :, :longest].index_copy_(1, rows, scratch.v)
-        self.hidden.index_copy_(0, rows, last)
-        self.logits.index_copy_(0, rows, self.talker.codec_head(last).float())
+        for start in range(0, len(admissions), PROMPTS[-1]):
+            chunk = admissions[start : start + PROMPTS[-1]]
+            self.prefiller.run(
+                [a.prompt.embeds for a in chunk], [a.row for a in chunk], rows[start : start + len(chunk)],
+                self._device_tensor,
+            )  # fmt: skip
         self._start_rows(admissions, lengths, rows)
 
-    def _device_tensor(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+    def _device_tensor(
+        self, values: list[int] | list[list[int]] | list[list[float]], dtype: torch.dtype
+    ) -> torch.Tensor:
         """Host values on the device without waiting for queued GPU work (pinned, async copy)."""
         host = torch.tensor(values, dtype=dtype)
         if self.device.type != "cuda":
