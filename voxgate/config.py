@@ -77,7 +77,7 @@ class Settings(BaseSettings):
     qwen3_dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="qwen3: weight dtype.")
     qwen3_cuda_graphs: bool = Field(True, description="qwen3: run the decode loop as CUDA graphs on a GPU.")
     qwen3_compile: bool = Field(
-        False, description="qwen3: torch.compile the graph bodies at start-up (GPU; ~2.5 min, ~1.6x faster frames)."
+        False, description="qwen3: torch.compile the batched step before capture (GPU; experimental, very slow start)."
     )
     qwen3_packet_frames: int = Field(1, ge=1, le=64, description="qwen3: 80 ms frames decoded per audio packet.")
     qwen3_batched: bool | None = Field(
