@@ -287,3 +287,11 @@ def test_the_fused_fast_path_computes_what_the_reference_path_does(ours):
     b, _ = _run(fast, [prompt], params, joins=[0], frames=10)
     assert torch.equal(torch.stack(a[0]), torch.stack(b[0])) and torch.equal(torch.stack(b[0]), expected)
     torch.testing.assert_close(fast.hidden, plain.hidden, atol=1e-4, rtol=1e-4)
+
+
+def test_rope_by_rotation_matrix_is_rotate_half_exactly():
+    from voxgate.engines.qwen3 import ops
+
+    x = torch.randn(2, 3, 4, 8, generator=torch.Generator().manual_seed(1)).bfloat16()
+    rot = ops.rotation(8, torch.bfloat16, torch.device("cpu"))
+    assert torch.equal(x @ rot, torch.cat([-x[..., 4:], x[..., :4]], dim=-1))

@@ -61,10 +61,12 @@ class Attention(nn.Module):
         self.heads, self.kv_heads, self.head_dim = h, kv, d
         self.qkv: torch.Tensor | None = None  # set by fuse()
         self.qk_norm: torch.Tensor | None = None
+        self.rot: torch.Tensor | None = None
 
     def fuse(self) -> None:
         with torch.inference_mode(False), torch.no_grad():
             self.qkv = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+            self.rot = ops.rotation(self.head_dim, self.qkv.dtype, self.qkv.device)
             norms = [self.q_norm.weight.expand(self.heads, -1), self.k_norm.weight.expand(self.kv_heads, -1)]
             self.qk_norm = torch.cat(norms)  # (heads + kv_heads, head_dim)
 
@@ -73,13 +75,14 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B, H, T, D), k and v (B, KV, T, D): normed and rotated."""
         b, t, _ = x.shape
-        if self.qkv is not None and self.qk_norm is not None:
+        if self.qkv is not None and self.qk_norm is not None and self.rot is not None:
             qkv = F.linear(x, self.qkv)
             split = (self.heads + self.kv_heads) * self.head_dim
             qk = qkv[..., :split].view(b, t, self.heads + self.kv_heads, self.head_dim)
             qk = F.rms_norm(qk, (self.head_dim,), eps=self.q_norm.eps) * self.qk_norm
             # RoPE while (B, T, heads, D) is contiguous (fast elementwise kernels), then transpose.
-            qk = ops.apply_rope(qk, *(c[:, None] if c.dim() == 2 else c.transpose(1, 2) for c in (cos, sin)))
+            cos, sin = (c[:, None] if c.dim() == 2 else c.transpose(1, 2) for c in (cos, sin))
+            qk = ops.apply_rope_rotation(qk, cos, sin, self.rot)
             qk = qk.transpose(1, 2)
             v = qkv[..., split:].view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
             return qk[:, : self.heads], qk[:, self.heads :], v

@@ -114,6 +114,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def rotation(head_dim: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """R with x @ R == cat([-x2, x1]) (RoPE's rotate-half) exactly: one signed 1 per column."""
+    half = head_dim // 2
+    r = torch.zeros(head_dim, head_dim, dtype=dtype, device=device)
+    r[torch.arange(half) + half, torch.arange(half)] = -1
+    r[torch.arange(half), torch.arange(half) + half] = 1
+    return r
+
+
+def apply_rope_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+    """`apply_rope` in three kernels (a product with `rotation()`, a multiply, a fused
+    multiply-add) instead of five, with no strided slices: for the GPU fast path."""
+    return torch.addcmul(x * cos, x @ rot, sin)
+
+
 def window_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, window: int, scale: float
 ) -> torch.Tensor:
