@@ -199,7 +199,7 @@ def test_cancel_frees_the_row_and_a_full_queue_says_busy(ours):
         with pytest.raises(Busy):
             list(engine.stream(SynthesisRequest(text="No room.", voice="serena"), CancelToken()))
         cancel.cancel()
-        assert list(first) == [] or True  # the stream ends at the next step
+        assert len(list(first)) <= 2  # the stream ends within a step or two, not after its 40 frames
         waiter.join(timeout=120)
         assert not waiter.is_alive()
         assert engine.runner.stats.cancelled == 1 and engine.runner.load() == (0, 0)
