@@ -125,3 +125,12 @@ def test_voice_clone_engine_starts_and_speaks_on_the_gpu(tmp_path):
         assert all(np.array_equal(runs[0], r) for r in runs[1:])  # seeded graph mode is deterministic
     finally:
         engine.close()
+
+
+def test_a_small_kv_capacity_captures_only_the_prefills_that_fit(tmp_path):
+    ck = _checkpoint(tmp_path, dtype=torch.bfloat16)
+    decoder = BatchDecoder(ck.talker, ck.codec, slots=2, capacity=128)
+    assert decoder.prefiller.lengths == (32, 64, 128) and decoder.stats.captured
+    prompt = PromptBuilder(ck.config, ck.tokenizer, ck.talker).build("Short.", speaker="ryan")
+    decoder.admit(0, prompt, SamplingParams(max_new_tokens=10), seed=1)
+    assert decoder.step(1, [0]).pcm.shape == (1, 1920)

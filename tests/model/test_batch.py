@@ -295,3 +295,38 @@ def test_rope_by_rotation_matrix_is_rotate_half_exactly():
     x = torch.randn(2, 3, 4, 8, generator=torch.Generator().manual_seed(1)).bfloat16()
     rot = ops.rotation(8, torch.bfloat16, torch.device("cpu"))
     assert torch.equal(x @ rot, torch.cat([-x[..., 4:], x[..., :4]], dim=-1))
+
+
+def test_failures_reach_the_reader_typed_and_the_runner_recovers_or_says_it_stopped(ours):
+    """Fault injection (the decoder's methods replaced by ones that raise): a failing prefill or
+    step fails its streams with a typed error and the runner carries on; if the loop itself
+    breaks, every stream gets a typed error and new ones are refused instead of waiting forever."""
+    from voxgate.types import EngineFailure
+
+    engine = _engine(ours, max_streams=2)
+    decoder = engine.runner.decoder
+    request = SynthesisRequest(text="Faults, then speech.", voice="vivian")
+    try:
+        real_admit, real_launch = decoder.admit_many, decoder.launch
+
+        def bad_admit(admissions):
+            real_admit(admissions)  # rows half-started, then the failure
+            raise RuntimeError("injected prefill fault")
+
+        decoder.admit_many = bad_admit
+        with pytest.raises(EngineFailure, match="prefill failed"):
+            list(engine.stream(request, CancelToken()))
+        assert int(decoder.active.sum()) == 0  # the half-started row does not keep moving
+        decoder.admit_many = real_admit
+        decoder.launch = lambda b, rows: (_ for _ in ()).throw(RuntimeError("injected step fault"))
+        with pytest.raises(EngineFailure, match="decode step failed"):
+            list(engine.stream(request, CancelToken()))
+        decoder.launch = real_launch
+        assert len(_speak(engine, request.text)) == 39  # the runner carries on
+        engine.runner.scheduler.plan = lambda: (_ for _ in ()).throw(RuntimeError("injected loop fault"))
+        with pytest.raises(EngineFailure):
+            list(engine.stream(request, CancelToken()))
+        with pytest.raises(EngineFailure, match="closed"):
+            list(engine.stream(request, CancelToken()))
+    finally:
+        engine.close()

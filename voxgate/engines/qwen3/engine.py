@@ -158,6 +158,8 @@ class Qwen3Engine:
         audio_24k = resample(np.asarray(audio, dtype=np.float32), sample_rate, SAMPLE_RATE)
         with self._lock:
             voice, computed = self.clones.add(voice_id, audio_24k, ref_text, icl=bool(ref_text))
+            if self._prompt_stream is not None:  # prompts read it from the side stream: finish it first
+                torch.cuda.current_stream().synchronize()
         log.info("voice %s (%s) %s", voice_id, voice.mode, "registered" if computed else "unchanged (cached)")
         return next(v for v in self.voices() if v.id == voice_id)
 
@@ -196,6 +198,8 @@ class Qwen3Engine:
             prompt, context = self._prompt(request, design)
         params = self.sampling if request.seed is None else replace(self.sampling, seed=request.seed)
         limit = max_frames_for(prompt.text_tokens, params)
+        if context is not None:  # a voice's pre-roll uses up codec positions too
+            limit = min(limit, self.ck.codec.config.max_position_embeddings - context.position - 2)
         if self.runner is not None:
             decoder = self.runner.decoder
             room = decoder.frame_room(prompt.embeds.shape[1])
@@ -212,6 +216,10 @@ class Qwen3Engine:
         language = _LANGUAGES.get(request.language or "", request.language)
         if self.clones is not None:
             voice = self.clones.get(request.voice)
+            if self._prompt_stream is not None:  # a voice removed meanwhile keeps its memory until read
+                for t in (voice.speaker_embedding, voice.ref_codes):
+                    if t is not None:
+                        t.record_stream(self._prompt_stream)
             prompt = self.prompts.build(
                 request.text,
                 speaker_embedding=voice.speaker_embedding,

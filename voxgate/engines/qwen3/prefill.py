@@ -35,6 +35,7 @@ class Prefiller:
         self.scratch = talker.new_cache(n, length) if use_graphs and self.device.type == "cuda" else None
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.replays = 0
+        self.lengths = tuple(n for n in LENGTHS if n <= cache.capacity)  # captured prompt lengths
 
     def _forward(
         self, embeds: torch.Tensor, scratch: KVCache, rows: torch.Tensor, ends: torch.Tensor, length: int
@@ -58,11 +59,11 @@ class Prefiller:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for n in PROMPTS:
-                for length in LENGTHS:
+                for length in self.lengths:
                     self._body(n, length)
         torch.cuda.current_stream().wait_stream(stream)
         for n in PROMPTS:
-            for length in LENGTHS:
+            for length in self.lengths:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
                     self._body(n, length)
@@ -80,7 +81,7 @@ class Prefiller:
         longest = max(lengths)
         n = len(prompts)
         bucket_n = next((b for b in PROMPTS if b >= n), None)
-        bucket_len = next((b for b in LENGTHS if b >= longest), None)
+        bucket_len = next((b for b in self.lengths if b >= longest), None)
         if bucket_n is None or bucket_len is None or (bucket_n, bucket_len) not in self.graphs:
             embeds = torch.zeros(n, longest, self.hidden.shape[1], dtype=self.hidden.dtype, device=self.device)
             for i, prompt in enumerate(prompts):

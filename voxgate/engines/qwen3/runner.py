@@ -98,6 +98,22 @@ class Runner:
     # ------------------------------------------------------------------ the loop
 
     def _loop(self) -> None:
+        """Run until closed; if the loop itself breaks (e.g. the GPU is lost), every stream,
+        queued or running, gets a typed failure and new submissions are refused, rather than
+        anyone waiting forever."""
+        try:
+            self._run()
+        except BaseException as exc:
+            log.exception("the qwen3 runner stopped")
+            with self._lock:
+                self._closed = True
+                jobs = list(self._jobs.values())
+                self._jobs.clear()
+            for job in jobs:
+                job.ended = True
+                job.frames.put(EngineFailure(f"the engine's decode loop stopped: {exc}"))
+
+    def _run(self) -> None:
         """Pipelined: step n+1 is launched before step n's frames are handed out, so the GPU
         never waits for the host's bookkeeping. A stream that ends at step n may run once more
         in step n+1; that frame is dropped (its row has one spare cache position for it)."""
@@ -155,7 +171,8 @@ class Runner:
             self.decoder.admit_many([Admission(row, j.prompt, j.params, j.seed, j.context) for j, row in admitted])
         except Exception as exc:
             log.exception("qwen3 prefill failed")
-            for job, _ in admitted:
+            for job, row in admitted:
+                self.decoder.release(row)  # a half-started row must not keep moving
                 self._end(job, EngineFailure(f"prefill failed: {exc}"))
             return
         for job, row in admitted:
@@ -177,17 +194,21 @@ class Runner:
 
     def _end(self, job: Job, last: BaseException | None, cancelled: bool = False) -> None:
         """Free the job's row and queue place and close its frame queue (idempotent)."""
-        with self._lock:
-            if self._jobs.pop(job.stream_id, None) is None:
-                return
-            job.ended = True
-            if job.row >= 0:
-                self.decoder.release(job.row)
-            if cancelled:
-                self.scheduler.cancel(job.stream_id)
-                self.stats.cancelled += 1
-            else:
-                self.scheduler.finish(job.stream_id) if last is END else self.scheduler.cancel(job.stream_id)
-                self.stats.finished += last is END
-                self.stats.failed += last is not END
-        job.frames.put(last)
+        mine = False
+        try:
+            with self._lock:
+                if self._jobs.pop(job.stream_id, None) is None:
+                    return
+                job.ended = mine = True
+                if cancelled:
+                    self.scheduler.cancel(job.stream_id)
+                    self.stats.cancelled += 1
+                else:
+                    self.scheduler.finish(job.stream_id) if last is END else self.scheduler.cancel(job.stream_id)
+                    self.stats.finished += last is END
+                    self.stats.failed += last is not END
+                if job.row >= 0:
+                    self.decoder.release(job.row)  # may raise if the GPU is broken: the reader still hears
+        finally:
+            if mine:
+                job.frames.put(last)
