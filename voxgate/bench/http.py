@@ -9,18 +9,16 @@ streams. Numbers are medians/percentiles; the first requests are untimed warm-up
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from voxgate.bench.server import ServerProcess
-from voxgate.bench.stats import machine, summary
+from voxgate.bench.stats import machine, summary, write_report
 
 SENTENCE = "The quick brown fox jumps over the lazy dog near the river."  # 12 words
 TEN_WORDS = "Please read the new report before our meeting tomorrow morning."  # 10 words
@@ -132,9 +130,5 @@ def run_http_bench(args: argparse.Namespace) -> int:
         "load_avg_1m_after": machine()["load_avg_1m"],
         "results": results,
     }
-    out = Path(args.output_json or f"bench/results/http-{stamp:%Y%m%d-%H%M%S}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(_table(results))
-    print(f"wrote {out}")
+    write_report(report, "http", stamp, args.output_json, _table(results))
     return 0

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
 from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -46,3 +50,13 @@ def machine() -> dict[str, str | int | None]:
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
+
+
+def write_report(report: dict[str, Any], name: str, stamp: datetime, output: str | None, table: str) -> Path:
+    """Write a bench's JSON (to `output`, else bench/results/NAME-STAMP.json), print its table."""
+    out = Path(output or f"bench/results/{name}-{stamp:%Y%m%d-%H%M%S}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(table)
+    print(f"wrote {out}")
+    return out

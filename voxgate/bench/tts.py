@@ -14,7 +14,6 @@ side-by-side rows (see `voxgate.bench.peer`).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import threading
 import time
@@ -22,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from voxgate.bench.stats import machine, percentile
+from voxgate.bench.stats import machine, percentile, write_report
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog, and then it runs far away into the woods, "
@@ -195,13 +194,7 @@ def run_tts_bench(args: argparse.Namespace) -> int:
             }
             for p, row in result["packets"].items()
         }
-    report = _report(args, ck, result)
-    stamp = datetime.now(UTC)
-    out = Path(args.output_json or f"bench/results/tts-{stamp:%Y%m%d-%H%M%S}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(table(result))
-    print(f"wrote {out}")
+    write_report(_report(args, ck, result), "tts", datetime.now(UTC), args.output_json, table(result))
     return 0
 
 

@@ -164,16 +164,7 @@ class BatchDecoder:
         scores = batched_talker_scores(
             self.logits[:b], self.seen[:b], self.penalty[:b], self.draws[:b] < self.min_new[:b], self.eos, self.control
         )
-        code0 = sample_rows(
-            scores,
-            noise[:, 0],
-            self.do_sample[:b],
-            self.temperature[:b],
-            self.top_k[:b],
-            self.top_p[:b],
-            self.sample_width,
-            self.nucleus,
-        )
+        code0 = self._sample(scores, noise[:, 0], b, predictor=False)
         self.seen[:b].scatter_(1, code0[:, None], True)
         codes = self._predict_rest(b, code0, noise)
         rows = torch.arange(b, device=self.device)
@@ -189,29 +180,28 @@ class BatchDecoder:
         self.out_pcm[:b].copy_(self.codec.run(audio, self.codec_state.rows(b)))
         self.out_codes[:b].copy_(codes)
 
+    def _sample(self, logits: torch.Tensor, gumbel: torch.Tensor, b: int, predictor: bool) -> torch.Tensor:
+        """One id per row with each row's talker (or code-predictor) settings."""
+        if predictor:
+            settings = (self.sub_do_sample, self.sub_temperature, self.sub_top_k, self.sub_top_p)
+        else:
+            settings = (self.do_sample, self.temperature, self.top_k, self.top_p)
+        rows = (s[:b] for s in settings)
+        return sample_rows(logits, gumbel, *rows, self.sample_width, self.nucleus)
+
     def _predict_rest(self, b: int, code0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """Codes 1..15 for every row: 15 sub-steps of the code predictor, sampled per row."""
         talker = self.talker
         cp = talker.code_predictor
         project = cp.small_to_mtp_projection
         cache = self.cp_cache.view(slice(0, b))
-        width = talker.cfg.predictor_vocab_size
         inputs = project(torch.stack([self.hidden[:b], talker.codec(code0)], dim=1))
         codes, position = [code0], 0
         for j in range(self.groups - 1):
             out = cp.model(inputs, cache, position)[:, -1]
             position += inputs.shape[1]
             logits = cp.lm_head[j](out).float()
-            code = sample_rows(
-                logits,
-                noise[:, j + 1, :width],
-                self.sub_do_sample[:b],
-                self.sub_temperature[:b],
-                self.sub_top_k[:b],
-                self.sub_top_p[:b],
-                self.sample_width,
-                self.nucleus,
-            )
+            code = self._sample(logits, noise[:, j + 1], b, predictor=True)
             codes.append(code)
             if j < self.groups - 2:
                 inputs = project(cp.model.codec_embedding[j](code))[:, None]

@@ -274,8 +274,8 @@ class Qwen3Engine:
         self.runner.submit(job)  # Busy when the queue is full
         try:
             while True:
-                try:
-                    item = job.frames.get(timeout=0.01)
+                try:  # the runner ends a cancelled job within a step; the timeout is only a safety net
+                    item = job.frames.get(timeout=0.1)
                 except queue.Empty:
                     if cancel.cancelled:
                         return
