@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 
 import httpx
 import pytest
+import torch
+
+if not torch.cuda.is_available():  # Triton kernels run in its interpreter (before any module defines them)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from voxgate.bench.server import ServerProcess
 

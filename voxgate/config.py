@@ -76,6 +76,9 @@ class Settings(BaseSettings):
     qwen3_device: str = Field("cpu", description="qwen3: torch device, e.g. cpu or cuda.")
     qwen3_dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="qwen3: weight dtype.")
     qwen3_cuda_graphs: bool = Field(True, description="qwen3: run the decode loop as CUDA graphs on a GPU.")
+    qwen3_fused_kernels: bool = Field(
+        True, description="qwen3: fused Triton kernels for norms, RoPE, cache writes, SiLU, Snake (GPU with Triton)."
+    )
     qwen3_compile: bool = Field(
         False, description="qwen3: torch.compile the batched step before capture (GPU; experimental, very slow start)."
     )

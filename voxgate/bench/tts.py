@@ -39,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     parser.add_argument("--no-graphs", action="store_true", help="batched decoding without CUDA graphs")
+    parser.add_argument("--no-kernels", action="store_true", help="the GPU fast path without the fused Triton kernels")
     parser.add_argument("--mode", default="auto", choices=["auto", "batched", "eager"],
                         help="batched runner or one-stream eager path (auto: batched on a GPU only)")  # fmt: skip
     parser.add_argument("--compile", action="store_true", help="torch.compile the step before capture")
@@ -143,7 +144,7 @@ def run_tts_bench(args: argparse.Namespace) -> int:
     packets = [int(p) for p in args.packet_frames.split(",") if p]
     dtype = getattr(torch, args.dtype)
     t0 = time.perf_counter()
-    ck = load_checkpoint(Path(args.model_dir), args.device, dtype)
+    ck = load_checkpoint(Path(args.model_dir), args.device, dtype, fused_kernels=not args.no_kernels)
     load_s = time.perf_counter() - t0
     voice = next(iter(sorted(ck.config.talker.speaker_ids)), None)
     n = args.frames
@@ -161,9 +162,10 @@ def run_tts_bench(args: argparse.Namespace) -> int:
     )
     start_s = time.perf_counter() - t1
     mode = "eager" if engine.runner is None else "batched+graphs" if engine.eager_reason is None else "batched"
-    print(f"engine ready in {start_s:.1f} s ({mode})", flush=True)
-    result: dict[str, Any] = {"mode": mode, "compiled": args.compile, "load_s": round(load_s, 2),
-                              "start_s": round(start_s, 1), "frames": n, "packets": {}, "concurrency": []}  # fmt: skip
+    print(f"engine ready in {start_s:.1f} s ({mode}{', fused kernels' if ck.talker.model.kernels else ''})", flush=True)
+    result: dict[str, Any] = {"mode": mode, "fused_kernels": ck.talker.model.kernels, "compiled": args.compile,
+                              "load_s": round(load_s, 2), "start_s": round(start_s, 1), "frames": n, "packets": {},
+                              "concurrency": []}  # fmt: skip
     try:
         engine.warmup()
         for packet in packets:

@@ -313,7 +313,9 @@ def create(settings: Settings) -> Qwen3Engine:
     if settings.qwen3_model_dir is None:
         raise EngineFailure("set VOXGATE_QWEN3_MODEL_DIR to a Qwen3-TTS checkpoint directory")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[settings.qwen3_dtype]
-    checkpoint = load_checkpoint(Path(settings.qwen3_model_dir), settings.qwen3_device, dtype)
+    checkpoint = load_checkpoint(
+        Path(settings.qwen3_model_dir), settings.qwen3_device, dtype, fused_kernels=settings.qwen3_fused_kernels
+    )
     return Qwen3Engine(
         checkpoint,
         settings.qwen3_packet_frames,

@@ -5,7 +5,9 @@ Parameter names follow the official checkpoint (`layers.N.self_attn.q_proj`, ...
 CPU every op follows the reference's order (bit-level parity). `DecoderStack.fuse()` (the
 loader calls it on a GPU) adds a faster path with fewer kernels per layer: one q/k/v
 projection, one gate/up projection, q- and k-norm in one call, RoPE from tables, masks made
-once per step instead of per layer.
+once per step instead of per layer. With `kernels=True` (Triton present) each layer is nine
+kernels: norm+residual, q/k/v, q/k-norm+RoPE+cache write, attention, output projection,
+norm+residual, gate/up, SiLU*up, down (see `kernels.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voxgate.engines.qwen3 import ops
+from voxgate.engines.qwen3 import kernels, ops
 from voxgate.engines.qwen3.config import StackConfig
 
 
@@ -91,6 +93,29 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         return ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin), v
 
+    def forward_kernels(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        cache: KVCache,
+        layer: int,
+        positions: int | torch.Tensor,
+        end: int,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """`forward` with the fused kernels: new positions from `positions` (an int for all rows,
+        or (B,)), attention over the first `end` cache slots under `mask`; `rope` the tables."""
+        assert self.qkv is not None and self.qk_norm is not None
+        b, t, _ = x.shape
+        q = kernels.qk_norm_rope_store(
+            F.linear(x, self.qkv), self.qk_norm, *rope, cache.k[layer], cache.v[layer],
+            self.heads, self.kv_heads, self.q_norm.eps, positions,
+        )  # fmt: skip
+        out = F.scaled_dot_product_attention(
+            q, cache.k[layer, :, :, :end], cache.v[layer, :, :, :end], attn_mask=mask, enable_gqa=True
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
     def forward(
         self,
         x: torch.Tensor,
@@ -135,7 +160,7 @@ class Attention(nn.Module):
         cache.v[layer][step.batch, :, step.rows] = v[:, :, 0]
         keys, values = cache.k[layer, :, :, : cache.visible], cache.v[layer, :, :, : cache.visible]
         if q.is_cuda:
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.visible, enable_gqa=True)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.bias, enable_gqa=True)
             return out.transpose(1, 2).reshape(b, 1, self.heads * self.head_dim)
         groups = self.heads // self.kv_heads
         qg = q.reshape(b, self.kv_heads, groups, self.head_dim)
@@ -147,19 +172,24 @@ class Attention(nn.Module):
 
 class StepIndex:
     """What every layer of one fixed-shape step needs, made once per step: the batch rows,
-    each row's position, and which cache slots each row may see (B, 1, 1, visible)."""
+    each row's position, and which cache slots each row may see (B, 1, 1, visible); on a GPU
+    also as an additive mask (0 or -inf), which attention would otherwise rebuild per layer."""
 
-    __slots__ = ("batch", "rows", "visible")
+    __slots__ = ("batch", "bias", "rows", "visible")
 
-    def __init__(self, batch: torch.Tensor, rows: torch.Tensor, visible: torch.Tensor) -> None:
-        self.batch, self.rows, self.visible = batch, rows, visible
+    def __init__(self, batch: torch.Tensor, rows: torch.Tensor, visible: torch.Tensor, bias: torch.Tensor) -> None:
+        self.batch, self.rows, self.visible, self.bias = batch, rows, visible, bias
 
     @classmethod
     def make(cls, position: torch.Tensor, b: int, cache: KVCache) -> StepIndex:
-        rows = position.view(-1).expand(b)
+        rows = position.view(-1).expand(b).contiguous()
         slots = torch.arange(cache.visible, device=position.device)
         visible = (slots[None, :] <= rows[:, None])[:, None, None, :]
-        return cls(torch.arange(b, device=position.device), rows, visible)
+        bias = visible
+        if position.is_cuda:
+            bias = torch.zeros(visible.shape, dtype=cache.k.dtype, device=position.device)
+            bias.masked_fill_(~visible, float("-inf"))
+        return cls(torch.arange(b, device=position.device), rows, visible, bias)
 
 
 class MLP(nn.Module):
@@ -204,10 +234,12 @@ class DecoderStack(nn.Module):
         )
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # set by fuse()
+        self.kernels = False
 
-    def fuse(self, positions: int = 8192) -> None:
+    def fuse(self, positions: int = 8192, kernels: bool = False) -> None:
         """The fast path (see the module docstring); RoPE tables hold the same values the
         per-call computation gives, for `positions` positions."""
+        self.kernels = kernels
         for layer in self.layers:
             layer.self_attn.fuse()
             layer.mlp.fuse()
@@ -240,9 +272,35 @@ class DecoderStack(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def forward(self, x: torch.Tensor, cache: KVCache, start: int | torch.Tensor) -> torch.Tensor:
+        if self.kernels and self.rope_table is not None and self.rope_table[0].dtype == x.dtype:
+            return self._forward_kernels(x, cache, start, self.rope_table)
         cos, sin = self.rope(start, x.shape[1], x.dtype)
         step = StepIndex.make(start, x.shape[0], cache) if isinstance(start, torch.Tensor) else None
         for i, layer in enumerate(self.layers):
             x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, cache, i, start, step)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)
+
+    def _forward_kernels(
+        self, x: torch.Tensor, cache: KVCache, start: int | torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        """`forward` with the fused kernels: each norm also adds the residual before it."""
+        b, t, _ = x.shape
+        positions: int | torch.Tensor
+        if isinstance(start, torch.Tensor):
+            step = StepIndex.make(start, b, cache)
+            positions, end, mask = step.rows, cache.visible, step.bias
+        else:
+            positions, end = start, start + t
+            mask = None if t == 1 else torch.ones(t, end, dtype=torch.bool, device=x.device).tril(start)
+        eps = self.norm.eps
+        residual, h = kernels.add_rms_norm(x, None, self.layers[0].input_layernorm.weight, eps)
+        for i, layer in enumerate(self.layers):
+            attended = layer.self_attn.forward_kernels(h, rope, cache, i, positions, end, mask)
+            residual, h = kernels.add_rms_norm(residual, attended, layer.post_attention_layernorm.weight, eps)
+            mlp = layer.mlp
+            assert mlp.gate_up is not None
+            out = mlp.down_proj(kernels.silu_mul(F.linear(h, mlp.gate_up)))
+            following = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            residual, h = kernels.add_rms_norm(residual, out, following.weight, eps)
+        return h

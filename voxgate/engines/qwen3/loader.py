@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from torch import nn
 
+from voxgate.engines.qwen3 import kernels
 from voxgate.engines.qwen3.codec import CodecDecoder, CodecDecoderConfig
 from voxgate.engines.qwen3.codec_encoder import CodecEncoder, CodecEncoderConfig
 from voxgate.engines.qwen3.config import Qwen3TTSConfig
@@ -89,7 +90,11 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"cannot read {path}: {exc}") from exc
 
 
-def load_checkpoint(model_dir: Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Qwen3Checkpoint:
+def load_checkpoint(
+    model_dir: Path, device: str = "cpu", dtype: torch.dtype = torch.float32, fused_kernels: bool = True
+) -> Qwen3Checkpoint:
+    """Weights onto `device`; on a GPU with the fast paths (`fuse()`), and the Triton kernels
+    when `fused_kernels` and Triton is there."""
     model_dir = Path(model_dir)
     check_layout(model_dir)
     t0 = time.perf_counter()
@@ -122,7 +127,9 @@ def load_checkpoint(model_dir: Path, device: str = "cpu", dtype: torch.dtype = t
     codec.to(device=device, dtype=dtype).eval()
     codec.refresh()
     if talker.codec_head.weight.is_cuda:
-        talker.fuse()
+        use_kernels = fused_kernels and kernels.available()
+        talker.fuse(kernels=use_kernels)
+        codec.fuse(kernels=use_kernels)
     try:
         tokenizer = load_text_tokenizer(model_dir)
         generation = json.loads((model_dir / "generation_config.json").read_text())

@@ -62,10 +62,11 @@ class Talker(nn.Module):
         self.codec_head = nn.Linear(cfg.stack.hidden_size, cfg.vocab_size, bias=False)
         self.code_predictor = CodePredictor(cfg)
 
-    def fuse(self) -> None:
-        """The GPU fast path of both decoder stacks (see `layers`)."""
-        self.model.fuse()
-        self.code_predictor.model.fuse(positions=self.cfg.num_code_groups + 1)
+    def fuse(self, kernels: bool = False) -> None:
+        """The GPU fast path of both decoder stacks (see `layers`), with the fused Triton
+        kernels when `kernels`."""
+        self.model.fuse(kernels=kernels)
+        self.code_predictor.model.fuse(positions=self.cfg.num_code_groups + 1, kernels=kernels)
 
     def text(self, ids: torch.Tensor) -> torch.Tensor:
         """Projected text embeddings for token ids (..., L) -> (..., L, hidden)."""

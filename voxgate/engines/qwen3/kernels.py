@@ -1,0 +1,191 @@
+"""Fused GPU kernels (Triton) for the fast path: each replaces several PyTorch kernels.
+
+On a GPU a decode step is bound by the number of kernels it launches, not by arithmetic, so
+what matters is how many small elementwise kernels sit between the matrix products. These
+fold them together; each computes in float32 and rounds once on store:
+
+- `add_rms_norm`: residual add + RMSNorm (+ weight) in one pass (was: add, norm);
+- `qk_norm_rope_store`: per-head q/k RMSNorm, RoPE, and the k/v writes into the KV cache
+  at each row's position (was: norm, weight multiply, three RoPE kernels, two cache writes);
+- `silu_mul`: SiLU(gate) * up from the fused gate/up projection (was: two or three);
+- `snake_beta`: the codec's x + 1/beta sin^2(alpha x) (was: five kernels, four of them
+  broadcasting, which PyTorch runs unvectorized).
+
+`available()` says whether they can run (Triton importable, tensors on CUDA); callers keep
+their PyTorch path otherwise (the CPU, always: it follows the reference's op order).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+try:  # Triton comes with CUDA builds of PyTorch; CPU machines run without it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the machine
+    triton = None
+
+
+@functools.cache
+def available() -> bool:
+    return triton is not None and torch.cuda.is_available()
+
+
+if triton is not None:
+
+    @triton.jit
+    def _add_rms_norm_kernel(
+        x_ptr, d_ptr, res_ptr, out_ptr, w_ptr, n, eps, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr
+    ):  # fmt: skip
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n
+        x = tl.load(x_ptr + row * n + cols, mask=mask, other=0.0)
+        if HAS_DELTA:  # the residual stream is stored rounded, as an unfused add would leave it
+            d = tl.load(d_ptr + row * n + cols, mask=mask, other=0.0)
+            x = (x.to(tl.float32) + d.to(tl.float32)).to(res_ptr.dtype.element_ty)
+            tl.store(res_ptr + row * n + cols, x, mask=mask)
+        xf = x.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / n + eps)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * n + cols, (xf * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _qk_norm_rope_store_kernel(
+        qkv_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, pos_stride, start, q_ptr, k_ptr, v_ptr,
+        T, H, KV, s_b, s_h, s_t, eps, HAS_POS: tl.constexpr, D: tl.constexpr,
+    ):  # fmt: skip
+        token = tl.program_id(0).to(tl.int64)  # b * T + t
+        head = tl.program_id(1)  # q heads, then k heads, then v heads
+        b = token // T
+        t = token % T
+        if HAS_POS:
+            p = tl.load(pos_ptr + b * pos_stride) + t
+        else:
+            p = start + t
+        half: tl.constexpr = D // 2
+        i = tl.arange(0, half)
+        src = qkv_ptr + token * (H + 2 * KV) * D + head * D
+        x1 = tl.load(src + i)
+        x2 = tl.load(src + half + i)
+        if head < H + KV:
+            a1 = x1.to(tl.float32)
+            a2 = x2.to(tl.float32)
+            rstd = tl.rsqrt((tl.sum(a1 * a1, axis=0) + tl.sum(a2 * a2, axis=0)) / D + eps)
+            n1 = a1 * rstd * tl.load(w_ptr + head * D + i).to(tl.float32)
+            n2 = a2 * rstd * tl.load(w_ptr + head * D + half + i).to(tl.float32)
+            c1 = tl.load(cos_ptr + p * D + i).to(tl.float32)
+            c2 = tl.load(cos_ptr + p * D + half + i).to(tl.float32)
+            s1 = tl.load(sin_ptr + p * D + i).to(tl.float32)
+            s2 = tl.load(sin_ptr + p * D + half + i).to(tl.float32)
+            o1 = n1 * c1 - n2 * s1
+            o2 = n2 * c2 + n1 * s2
+            if head < H:
+                dst = q_ptr + ((b * H + head) * T + t) * D
+                tl.store(dst + i, o1.to(q_ptr.dtype.element_ty))
+                tl.store(dst + half + i, o2.to(q_ptr.dtype.element_ty))
+            else:
+                dst = k_ptr + b * s_b + (head - H) * s_h + p * s_t
+                tl.store(dst + i, o1.to(k_ptr.dtype.element_ty))
+                tl.store(dst + half + i, o2.to(k_ptr.dtype.element_ty))
+        else:
+            dst = v_ptr + b * s_b + (head - H - KV) * s_h + p * s_t
+            tl.store(dst + i, x1)
+            tl.store(dst + half + i, x2)
+
+    @triton.jit
+    def _silu_mul_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < n
+        gate = tl.load(x_ptr + row * 2 * n + cols, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + row * 2 * n + n + cols, mask=mask, other=0.0).to(tl.float32)
+        y = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(out_ptr + row * n + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _snake_beta_kernel(x_ptr, alpha_ptr, inv_beta_ptr, out_ptr, C, T, s_b, s_c, s_t, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)  # b * C + c
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < T
+        c = row % C
+        src = x_ptr + (row // C) * s_b + c * s_c
+        x = tl.load(src + cols * s_t, mask=mask, other=0.0).to(tl.float32)
+        s = tl.sin(x * tl.load(alpha_ptr + c).to(tl.float32))
+        y = x + tl.load(inv_beta_ptr + c).to(tl.float32) * s * s
+        tl.store(out_ptr + row * T + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, RMSNorm(x + delta) * weight) over the last dim; with `delta` None, (x, norm(x))."""
+    n = x.shape[-1]
+    x = x.contiguous()
+    residual = x if delta is None else torch.empty_like(x)
+    out = torch.empty_like(x)
+    rows = x.numel() // n
+    d = x if delta is None else delta.contiguous()
+    block = triton.next_power_of_2(n)
+    _add_rms_norm_kernel[(rows,)](
+        x, d, residual, out, weight, n, eps, HAS_DELTA=delta is not None, BLOCK=block, num_warps=4 if n <= 1024 else 8
+    )
+    return residual, out
+
+
+def qk_norm_rope_store(
+    qkv: torch.Tensor,
+    norm_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+    eps: float,
+    start: int | torch.Tensor,
+) -> torch.Tensor:
+    """From the fused projection `qkv` (B, T, (H + 2 KV) * D): q (B, H, T, D) normed and rotated;
+    k (normed, rotated) and v written into `k_cache`/`v_cache` (B, KV, capacity, D) at
+    positions start.. (`start` an int for every row, or (B,) per row).
+
+    `norm_weight` is (H + KV, D): q-norm weight per q head then k-norm weight per k head;
+    `cos`/`sin` are the (positions, D) RoPE tables."""
+    b, t, _ = qkv.shape
+    d = k_cache.shape[-1]
+    if k_cache.stride(-1) != 1 or k_cache.stride() != v_cache.stride():
+        raise ValueError("the KV cache's last dim must be contiguous, the same layout for k and v")
+    qkv = qkv.contiguous()
+    q = torch.empty(b, heads, t, d, dtype=qkv.dtype, device=qkv.device)
+    s_b, s_h, s_t, _ = k_cache.stride()
+    if isinstance(start, torch.Tensor):  # a position per row
+        positions, stride, first = start, start.stride(0), 0
+    else:  # `positions` is not read
+        positions, stride, first = qkv, 0, start
+    _qk_norm_rope_store_kernel[(b * t, heads + 2 * kv_heads)](
+        qkv, norm_weight, cos, sin, positions, stride, first, q, k_cache, v_cache,
+        t, heads, kv_heads, s_b, s_h, s_t, eps, HAS_POS=isinstance(start, torch.Tensor), D=d, num_warps=1,
+    )  # fmt: skip
+    return q
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up, `gate_up` (..., 2I) holding gate then up -> (..., I)."""
+    n = gate_up.shape[-1] // 2
+    gate_up = gate_up.contiguous()
+    out = gate_up.new_empty(*gate_up.shape[:-1], n)
+    block = 1024
+    _silu_mul_kernel[(gate_up.numel() // (2 * n), triton.cdiv(n, block))](gate_up, out, n, BLOCK=block, num_warps=4)
+    return out
+
+
+def snake_beta(x: torch.Tensor, alpha_exp: torch.Tensor, inv_beta: torch.Tensor) -> torch.Tensor:
+    """x + inv_beta * sin(alpha_exp * x)^2 per channel, x (B, C, T) in any layout -> contiguous."""
+    b, c, t = x.shape
+    out = x.new_empty(b, c, t)
+    block = min(1024, triton.next_power_of_2(t))
+    grid = (b * c, triton.cdiv(t, block))
+    _snake_beta_kernel[grid](x, alpha_exp, inv_beta, out, c, t, *x.stride(), BLOCK=block, num_warps=4)
+    return out
