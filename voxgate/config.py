@@ -64,6 +64,21 @@ class Settings(BaseSettings):
     )
     timings_kept: int = Field(1000, ge=0, description="Recent request timings kept for GET /debug/timings.")
 
+    ws_max_sessions: int = Field(256, ge=1, description="WebSocket gateway: sessions open at once (attached or not).")
+    ws_max_message_bytes: int = Field(65536, ge=256, description="WebSocket gateway: largest client message.")
+    ws_resume_window_s: float = Field(30.0, ge=0, description="WebSocket gateway: how long a dropped session waits.")
+    ws_replay_bytes: int = Field(
+        2 << 20, ge=65536, description="WebSocket gateway: sent output kept per session for resumes (bytes)."
+    )
+    ws_send_queue_bytes: int = Field(
+        1 << 20, ge=4096, description="WebSocket gateway: unsent output per session before synthesis waits."
+    )
+    ws_backpressure_warn_s: float = Field(1.0, gt=0, description="WebSocket gateway: full queue -> `backpressure`.")
+    ws_backpressure_grace_s: float = Field(
+        5.0, gt=0, description="WebSocket gateway: still full this long after the warning -> socket dropped."
+    )
+    ws_idle_flush_ms: int = Field(800, ge=10, description="WebSocket gateway: speak pending text after this pause.")
+
     # engines
     tone_unit_ms: int = Field(120, ge=1, description="tone: audio per text unit, in ms.")
     tone_delay_ms: float = Field(0.0, ge=0, description="tone: simulated compute time per chunk, in ms.")

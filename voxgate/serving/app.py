@@ -24,6 +24,8 @@ from voxgate.serving.http import router
 from voxgate.serving.metrics import Metrics
 from voxgate.serving.protocol import describe_validation, error_body
 from voxgate.serving.state import ServerState
+from voxgate.serving.ws import Gateway
+from voxgate.serving.ws import router as ws_router
 from voxgate.types import RequestTooLarge, Unauthorized, VoxgateError
 
 log = logging.getLogger(__name__)
@@ -56,7 +58,9 @@ def create_app(
 
     app = FastAPI(title="voxgate", version=__version__, lifespan=lifespan)
     app.state.voxgate = state
+    app.state.ws_gateway = Gateway(state)
     app.include_router(router)
+    app.include_router(ws_router)
     _install_error_handlers(app, state.metrics)
     app.add_middleware(RequestGate, settings=settings, metrics=state.metrics)
     return app
@@ -104,6 +108,13 @@ class RequestGate:
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            # The WebSocket gateway may have to drop a client that stopped reading; a close frame
+            # would queue behind its unread audio, so it needs the transport (uvicorn's send is a
+            # method of its protocol object; later wrappers hide it).
+            transport = getattr(getattr(send, "__self__", None), "transport", None)
+            if transport is not None:
+                scope.setdefault("state", {})["abort_transport"] = transport.abort
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return

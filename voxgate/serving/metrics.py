@@ -39,6 +39,10 @@ class Metrics:
         self.starter_hits = Counter("voxgate_starter_cache_hits_total", "Requests served a cached opener.",
                                     registry=r)  # fmt: skip
         self.ready = Gauge("voxgate_ready", "1 once warm-up has finished.", registry=r)
+        self.ws_sessions = Gauge("voxgate_ws_sessions", "WebSocket sessions held (attached or awaiting resume).",
+                                 registry=r)  # fmt: skip
+        self.ws_detached = Gauge("voxgate_ws_sessions_detached", "WebSocket sessions awaiting a resume.", registry=r)
+        self.ws_tasks = Gauge("voxgate_ws_tasks", "Gateway tasks alive (writers, synthesisers, janitor).", registry=r)
 
     def watch_engine(self, counters: Callable[[], dict[str, dict[str, float]]]) -> None:
         """Export an engine's own counters (e.g. CUDA-graph replays, eager fallbacks) on scrape."""

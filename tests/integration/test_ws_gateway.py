@@ -1,0 +1,317 @@
+"""The WebSocket TTS gateway on a real server (tone engine) over loopback: the protocol of
+docs/protocol.md, cancel, resume, backpressure, pacing, bad input, the compatibility path."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import websockets
+
+from voxgate.bench.server import ServerProcess
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[ServerProcess]:
+    env = {"TONE_DELAY_MS": "5", "WS_RESUME_WINDOW_S": "1.5", "API_KEYS": "k1", "MAX_STREAMS_PER_CLIENT": "64"}
+    with ServerProcess("tone", env=env) as server:
+        yield server
+
+
+def _ws(server: ServerProcess, path: str = "/v1/tts/ws", key: str = "k1") -> str:
+    return server.url.replace("http://", "ws://") + path + (f"?api_key={key}" if key else "")
+
+
+class Client:
+    """A test client that records every message (audio headers joined to their bytes)."""
+
+    def __init__(self, ws: websockets.ClientConnection) -> None:
+        self.ws = ws
+        self.messages: list[dict] = []
+        self.units = 0
+
+    async def send(self, **message) -> None:
+        await self.ws.send(json.dumps(message))
+
+    async def words(self, text: str) -> None:
+        for word in text.split():
+            await self.send(type="text.delta", text=word + " ", first_unit_index=self.units)
+            self.units += 1
+
+    async def next(self, timeout: float = 10.0) -> dict:
+        message = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+        if message["type"] == "audio" and "data" not in message:
+            payload = await asyncio.wait_for(self.ws.recv(), timeout)
+            assert isinstance(payload, bytes) and len(payload) == message["bytes"]
+            message["payload"] = payload
+        self.messages.append(message)
+        return message
+
+    async def until(self, kind: str, timeout: float = 10.0) -> dict:
+        while (message := await self.next(timeout))["type"] != kind:
+            pass
+        return message
+
+    def of(self, kind: str) -> list[dict]:
+        return [m for m in self.messages if m["type"] == kind]
+
+    async def start(self, **config) -> dict:
+        await self.send(type="session.start", **config)
+        return await self.next()
+
+
+def _covered(messages: list[dict]) -> list[int]:
+    return [u for m in messages if m["type"] == "units.done" for u in range(m["unit_start"], m["unit_end"] + 1)]
+
+
+def test_a_session_speaks_every_unit_once_and_reuses_the_socket(gateway):
+    async def run() -> None:
+        async with websockets.connect(_ws(gateway)) as ws:
+            c = Client(ws)
+            await c.send(type="session.start", max_pending_units=4)
+            started = await c.next()
+            assert started["type"] == "session.started" and started["sample_rate"] == 24000
+            await c.words("The first utterance has a few words. And a second sentence here")
+            await c.send(type="text.end")
+            done = await c.until("utterance.done")
+            assert done == {"type": "utterance.done", "utterance": 0, "status": "completed", "unit_end": 11}
+            await c.words("Then another one")
+            await c.send(type="session.end")
+            finished = await c.until("session.done")
+            assert finished["units"] == 15
+            with pytest.raises(websockets.ConnectionClosedOK):
+                await c.next()
+        assert _covered(c.messages) == list(range(15))
+        audio = c.of("audio")
+        assert [m["seq"] for m in audio] == list(range(len(audio)))
+        assert all(m["bytes"] == 2 * m["samples"] for m in audio)
+        assert [m["utterance"] for m in c.of("units.done")][-1] == 1
+
+    asyncio.run(run())
+
+
+def test_base64_audio_and_mulaw_at_8k(gateway):
+    async def run() -> None:
+        async with websockets.connect(_ws(gateway)) as ws:
+            c = Client(ws)
+            await c.send(type="session.start", format="mulaw", binary=False)
+            assert (await c.next())["sample_rate"] == 8000
+            await c.words("Telephone audio please.")
+            await c.send(type="text.end")
+            await c.until("utterance.done")
+        audio = c.of("audio")
+        assert audio and all(len(base64.b64decode(m["data"])) == m["samples"] == m["bytes"] for m in audio)
+
+    asyncio.run(run())
+
+
+def test_bad_input_gets_typed_errors_and_hurts_no_one(gateway):
+    async def bystander() -> list[int]:
+        async with websockets.connect(_ws(gateway)) as ws:
+            c = Client(ws)
+            await c.send(type="session.start")
+            await c.next()
+            for _ in range(5):
+                await c.words("steady words keep coming")
+                await asyncio.sleep(0.05)
+            await c.send(type="text.end")
+            await c.until("utterance.done")
+            assert not c.of("error")
+            return _covered(c.messages)
+
+    async def attacker() -> list[str]:
+        async with websockets.connect(_ws(gateway)) as ws:
+            c = Client(ws)
+            await c.send(type="text.delta", text="too early ", first_unit_index=0)
+            for raw in ["{not json", "[1, 2]", json.dumps({"type": "nope"}), json.dumps({"type": "text.delta"}),
+                        "x" * 70000]:  # fmt: skip
+                await ws.send(raw)
+            await ws.send(b"\x00\x01binary")
+            await c.send(type="session.start", voice="no-such-voice")
+            await c.send(type="session.start", format="mp3")
+            codes = [(await c.next())["code"] for _ in range(9)]
+            await c.send(type="session.start")
+            assert (await c.next())["type"] == "session.started"  # the socket still works
+            await c.send(type="session.start")
+            await c.words("one two")
+            await c.send(type="text.delta", text="gap ", first_unit_index=5)
+            await c.send(type="text.delta", text="again ", first_unit_index=1)
+            await c.send(type="text.end")
+            await c.send(type="text.delta", text="late ", first_unit_index=2)
+            for _ in range(4):
+                codes.append((await c.until("error"))["code"])
+            assert all(not m["fatal"] for m in c.of("error"))
+            assert (await c.until("utterance.done"))["unit_end"] == 1
+            return codes
+
+    async def run() -> None:
+        codes, covered = await asyncio.gather(attacker(), bystander())
+        assert codes == ["no_session", "invalid_message", "invalid_message", "unknown_type", "invalid_message",
+                         "message_too_large", "binary_not_supported", "unknown_voice", "unsupported_format",
+                         "session_exists", "unit_gap", "unit_overlap", "utterance_ending"]  # fmt: skip
+        assert covered == list(range(20))
+
+    asyncio.run(run())
+    assert httpx.get(gateway.url + "/healthz").status_code == 200
+
+
+def test_a_wrong_key_is_refused_before_any_message(gateway):
+    async def run() -> None:
+        async with websockets.connect(_ws(gateway, key="wrong")) as ws:
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await ws.recv()
+        assert closed.value.rcvd.code == 4401
+
+    asyncio.run(run())
+
+
+def test_cancel_stops_audio_within_a_chunk_and_the_session_goes_on(gateway):
+    async def run() -> None:
+        async with websockets.connect(_ws(gateway)) as ws:
+            c = Client(ws)
+            await c.start(max_pending_units=40, pacing=True, pacing_lead_ms=0)
+            await c.words(" ".join(["long"] * 40))  # 4.8 s of audio, paced at real time
+            await c.until("audio")
+            await c.send(type="cancel")
+            sent_at = len(c.of("audio"))
+            done = await c.until("utterance.done", timeout=3)
+            assert done["status"] == "cancelled" and done["unit_end"] == 39
+            assert len(c.of("audio")) - sent_at <= 1  # at most the chunk already on the wire
+            await c.words("after the cancel")
+            await c.send(type="text.end")
+            done = await c.until("utterance.done")
+            assert done == {"type": "utterance.done", "utterance": 1, "status": "completed", "unit_end": 42}
+
+    asyncio.run(run())
+
+
+def test_pacing_sends_audio_at_real_time(gateway):
+    async def run() -> float:
+        async with websockets.connect(_ws(gateway)) as ws:
+            c = Client(ws)
+            await c.start(max_pending_units=10, pacing=True, pacing_lead_ms=200)
+            await c.words("one two three four five six seven eight nine ten")  # 1.2 s of audio
+            t0 = time.perf_counter()
+            await c.send(type="text.end")
+            await c.until("utterance.done")
+            return time.perf_counter() - t0
+
+    assert 0.8 <= asyncio.run(run()) <= 3.0  # 1.2 s of audio less the 0.2 s lead; not instant
+
+
+def test_resume_after_a_drop_replays_with_no_gap_and_no_duplicate(gateway):
+    async def run() -> None:
+        first = await websockets.connect(_ws(gateway))
+        c = Client(first)
+        await c.send(type="session.start", max_pending_units=2)
+        session_id = (await c.next())["session_id"]
+        await c.words("a b c d e f g h i j")
+        await c.until("units.done")
+        await c.until("units.done")
+        first.transport.abort()  # no close frame: a network drop
+        kept = [m for m in c.messages if m["type"] == "units.done"]
+        last = kept[-1]["unit_end"]
+        last_seq = max(m["seq"] for m in c.messages if m["type"] == "audio" and m["unit_end"] <= last)
+        async with websockets.connect(_ws(gateway)) as second:
+            r = Client(second)
+            await r.send(type="session.start", resume={"session_id": session_id, "last_unit_index_received": last})
+            started = await r.next()
+            assert started["resumed"] and started["next_unit_index"] == 10
+            await r.send(type="text.end")
+            await r.until("utterance.done")
+        assert _covered(kept) + _covered(r.messages) == list(range(10))
+        seqs = [m["seq"] for m in r.of("audio")]
+        assert seqs == list(range(last_seq + 1, last_seq + 1 + len(seqs)))  # on from the last kept, no gap
+
+    asyncio.run(run())
+
+
+def test_resume_is_refused_past_the_window_or_for_an_unknown_session(gateway):
+    async def run() -> None:
+        first = await websockets.connect(_ws(gateway))
+        c = Client(first)
+        await c.send(type="session.start")
+        session_id = (await c.next())["session_id"]
+        first.transport.abort()
+        await asyncio.sleep(2.5)  # the module's server keeps sessions 1.5 s
+        async with websockets.connect(_ws(gateway)) as ws:
+            r = Client(ws)
+            for sid in (session_id, "unknown"):
+                await r.send(type="session.start", resume={"session_id": sid, "last_unit_index_received": -1})
+                refused = await r.next()
+                assert refused["code"] == "resume_not_available" and not refused["fatal"]
+            await r.send(type="session.start")
+            assert (await r.next())["type"] == "session.started"
+
+    asyncio.run(run())
+
+
+def test_the_vllm_omni_message_names_work_on_the_compatibility_path(gateway):
+    async def run() -> None:
+        async with websockets.connect(_ws(gateway, "/v1/audio/speech/stream")) as ws:
+            c = Client(ws)
+            await c.send(type="session.config", voice=None, response_format="pcm16")
+            assert (await c.next())["type"] == "session.started"
+            await c.send(type="input.text", text="Hello from a compatible ")
+            await c.send(type="input.text", text="client.")
+            await c.send(type="input.done")
+            assert (await c.until("utterance.done"))["unit_end"] == 4
+            await c.send(type="session.close")
+            await c.until("session.done")
+
+    asyncio.run(run())
+
+
+def test_a_client_that_stops_reading_is_warned_then_dropped_and_others_are_not_slowed():
+    env = {"TONE_UNIT_MS": "2000", "WS_SEND_QUEUE_BYTES": "65536", "WS_BACKPRESSURE_WARN_S": "0.3",
+           "WS_BACKPRESSURE_GRACE_S": "0.7", "MAX_STREAMS_PER_CLIENT": "64"}  # fmt: skip
+    with ServerProcess("tone", env=env) as server:
+
+        async def stalled() -> tuple[str, list[dict]]:
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", int(server.url.rsplit(":", 1)[1])))
+            ws = await websockets.connect(_ws(server, key=""), sock=sock, max_queue=1, max_size=None)
+            c = Client(ws)
+            await c.send(type="session.start", max_pending_units=1)
+            session_id = (await c.next())["session_id"]
+            await c.words(" ".join(["word"] * 60))  # 2 minutes of audio, 5.8 MB
+            await asyncio.sleep(4.0)  # not reading
+            with pytest.raises(websockets.ConnectionClosed):
+                while True:
+                    await c.next()
+            return session_id, c.messages
+
+        async def reader() -> float:
+            async with websockets.connect(_ws(server, key="")) as ws:
+                c = Client(ws)
+                await c.send(type="session.start")
+                await c.next()
+                t0 = time.perf_counter()
+                await c.words("a quick one.")
+                await c.until("units.done")
+                return time.perf_counter() - t0
+
+        async def run() -> None:
+            stalled_task = asyncio.create_task(stalled())
+            await asyncio.sleep(1.0)
+            assert await reader() < 1.0
+            session_id, messages = await stalled_task
+            async with websockets.connect(_ws(server, key="")) as ws:  # the session can be resumed
+                c = Client(ws)
+                last = max([m["unit_end"] for m in messages if m["type"] == "units.done"], default=-1)
+                await c.send(type="session.start", resume={"session_id": session_id, "last_unit_index_received": last})
+                assert (await c.next())["resumed"]
+                told = await c.next()  # and says why the socket went
+                assert told["type"] == "error" and told["code"] == "backpressure" and not told["fatal"]
+                await c.until("units.done")
+
+        asyncio.run(run())
+        metrics = httpx.get(server.url + "/metrics").text
+        assert 'voxgate_errors_total{code="backpressure"}' in metrics and "voxgate_ws_tasks" in metrics

@@ -1,0 +1,197 @@
+"""The WebSocket session state machine, without sockets (docs/protocol.md)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from voxgate.serving.session import Session, count_units
+from voxgate.serving.wsproto import ProtocolError, SessionStart, TextDelta, parse_client
+
+
+def _session(**config) -> Session:
+    return Session("s1", SessionStart(type="session.start", **config), 24000, replay_bytes=1 << 20)
+
+
+def _delta(text: str, first: int | None) -> TextDelta:
+    return TextDelta(type="text.delta", text=text, first_unit_index=first)
+
+
+def _speak_all(s: Session) -> None:
+    """Play the engine: every queued segment gets one audio piece and finishes."""
+    while (segment := s.take_segment()) is not None:
+        s.audio(segment, b"\x00\x01" * 10, 10)
+        s.segment_done(segment)
+
+
+def _drain(s: Session) -> list[dict]:
+    out = []
+    while (entry := s.unsent()) is not None:
+        out.append(entry.message)
+        s.mark_sent()
+    return out
+
+
+def test_units_are_words_or_cjk_characters_or_characters():
+    assert count_units("Hello, world! ", "words") == 2
+    assert count_units("你好世界", "words") == 4
+    assert count_units("Say 你好 now", "words") == 4
+    assert count_units("ab c", "chars") == 3
+    assert count_units("   ", "words") == 0
+
+
+def test_segments_cut_at_sentence_ends_and_at_the_pending_limit():
+    s = _session(max_pending_units=3)
+    for i, word in enumerate(["One ", "two. ", "Three ", "four ", "five ", "six "]):
+        s.delta(_delta(word, i))
+    cuts = []
+    while (segment := s.take_segment()) is not None:
+        cuts.append((segment.text, segment.unit_start, segment.unit_end))
+        s.segment_done(segment)
+    assert cuts == [("One two.", 0, 1), ("Three four five", 2, 4)]
+    s.flush()
+    assert s.take_segment().unit_start == 5 and s.next_unit == 6
+
+
+def test_a_number_with_a_point_does_not_end_a_sentence():
+    s = _session()
+    s.delta(_delta("Pi is 3.14 and ", 0))
+    assert s.take_segment() is None
+
+
+def test_gap_and_overlap_are_refused_and_change_nothing():
+    s = _session()
+    s.delta(_delta("one two ", 0))
+    with pytest.raises(ProtocolError) as gap:
+        s.delta(_delta("four ", 3))
+    assert gap.value.code == "unit_gap" and gap.value.extra == {"expected_unit_index": 2}
+    with pytest.raises(ProtocolError) as overlap:
+        s.delta(_delta("two ", 1))
+    assert overlap.value.code == "unit_overlap"
+    assert s.next_unit == 2
+    s.delta(_delta("three ", None))  # no index: the server numbers it
+    assert s.next_unit == 3
+
+
+def test_utterance_lifecycle_and_connection_reuse():
+    s = _session()
+    s.delta(_delta("Hello there. ", 0))
+    s.end()
+    with pytest.raises(ProtocolError) as late:
+        s.delta(_delta("more ", 2))
+    assert late.value.code == "utterance_ending"
+    _speak_all(s)
+    kinds = [m["type"] for m in _drain(s)]
+    assert kinds == ["audio", "units.done", "utterance.done"]
+    s.delta(_delta("Again. ", 2))  # the next utterance on the same session
+    s.finish()
+    _speak_all(s)
+    messages = _drain(s)
+    assert [m["type"] for m in messages] == ["audio", "units.done", "utterance.done", "session.done"]
+    assert messages[0]["seq"] == 1 and messages[0]["utterance"] == 1 and messages[-1]["units"] == 3
+    assert s.done
+
+
+def test_cancel_drops_the_utterances_unsent_audio_and_queued_segments():
+    s = _session(max_pending_units=1)
+    for i in range(3):
+        s.delta(_delta(f"w{i} ", i))
+    first = s.take_segment()
+    s.audio(first, b"ab", 1)
+    s.audio(first, b"cd", 1)
+    s.mark_sent()  # one audio message already went out
+    assert s.cancel() == 0
+    s.audio(first, b"ef", 1)  # the engine's late chunk is discarded
+    s.segment_done(first)
+    assert s.take_segment() is None
+    rest = _drain(s)
+    assert [m["type"] for m in rest] == ["utterance.done"]
+    assert rest[0]["status"] == "cancelled" and rest[0]["unit_end"] == 2
+    s.delta(_delta("next ", 3))
+    s.flush()
+    assert s.take_segment().utterance == 1
+
+
+def test_resume_replays_whole_segments_after_the_last_unit_received():
+    s = _session(max_pending_units=2)
+    for i in range(6):
+        s.delta(_delta(f"w{i} ", i))
+    s.end()
+    _speak_all(s)
+    first = _drain(s)
+    units_done = [m for m in first if m["type"] == "units.done"]
+    assert [(m["unit_start"], m["unit_end"]) for m in units_done] == [(0, 1), (2, 3), (4, 5)]
+    s.resume(1)  # the client had the first segment only
+    again = _drain(s)
+    assert again == first[2:]  # from the second segment's audio on: no gap, nothing it had
+    s.resume(5)  # it had every unit but missed the utterance's end
+    assert [m["type"] for m in _drain(s)] == ["utterance.done"]
+    with pytest.raises(ProtocolError) as refused:
+        s.resume(6)
+    assert refused.value.code == "resume_not_available"
+
+
+def test_resume_beyond_the_replay_buffer_is_refused():
+    s = Session("s", SessionStart(type="session.start", max_pending_units=1), 24000, replay_bytes=65536)
+    for i in range(40):
+        s.delta(_delta(f"w{i} ", i))
+        segment = s.take_segment()
+        s.audio(segment, bytes(4000), 2000)  # 40 x 4 kB: more than the 64 kB kept
+        s.segment_done(segment)
+        _drain(s)
+    with pytest.raises(ProtocolError):
+        s.resume(0)
+    s.resume(38)
+    assert _drain(s)[0]["unit_start"] == 39
+
+
+def test_unsent_bytes_follow_the_log():
+    s = _session(max_pending_units=1)
+    s.delta(_delta("a ", 0))
+    segment = s.take_segment()
+    s.audio(segment, b"x" * 1000, 500)
+    assert s.unsent_bytes >= 1000
+    s.mark_sent()
+    assert s.unsent_bytes == 0 and s.drained
+
+
+messages = st.one_of(
+    st.text(max_size=80),
+    st.binary(max_size=40),
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["text.delta", "text.flush", "text.end", "cancel", "session.end", "ping", "x"])},
+        optional={"text": st.text(max_size=30), "first_unit_index": st.integers(-3, 40), "id": st.integers()},
+    ).map(lambda d: __import__("json").dumps(d)),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(messages, max_size=30))
+def test_fuzzed_messages_give_typed_errors_and_keep_the_session_consistent(frames):
+    """Any frame sequence: only ProtocolError escapes, and the unit accounting stays exact."""
+    s = _session(max_pending_units=3)
+    accepted_units = 0
+    for raw in frames:
+        try:
+            message = parse_client(raw, 4096)
+        except ProtocolError as exc:
+            assert exc.code in {"invalid_message", "unknown_type", "binary_not_supported", "message_too_large"}
+            continue
+        try:
+            if message.type == "text.delta":
+                s.delta(message)
+                accepted_units += count_units(message.text, "words")
+            elif message.type == "text.flush":
+                s.flush()
+            elif message.type == "text.end":
+                s.end()
+            elif message.type == "cancel":
+                s.cancel()
+            elif message.type == "session.end":
+                s.finish()
+        except ProtocolError as exc:
+            assert exc.code in {"unit_gap", "unit_overlap", "utterance_ending"}
+        _speak_all(s)
+        _drain(s)
+        assert s.next_unit == accepted_units and s.unsent_bytes == 0

@@ -1,0 +1,245 @@
+"""One WebSocket TTS session as a pure state machine (no sockets, no engine, no clock).
+
+The session takes the client's text (`delta`, `flush`, `end`, `cancel`, `finish`), cuts it
+into segments for the engine (`take_segment`), and records everything it must send in an
+ordered **log** (`audio`, `segment_done`): audio, `units.done`, `utterance.done`, errors.
+The writer sends from a cursor into the log (`unsent`, `mark_sent`); a resume moves the
+cursor back to the first message the client lacks (`resume`). Sent entries are trimmed from
+the front to a byte budget; what a resume needs is kept or the resume is refused.
+
+Rules are in docs/protocol.md. A refused message raises `ProtocolError` and changes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from voxgate.serving.wsproto import ProtocolError, SessionStart, TextDelta
+
+_CJK = "\u1100-\u11ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+_WORD = re.compile(rf"[{_CJK}]|[^\s{_CJK}]+")
+_SENTENCE_END = re.compile(r"[.!?;:](?=\s|$)|[。！？；\n]")
+
+
+def count_units(text: str, mode: str) -> int:
+    """Units in `text`: CJK characters and other words ("words"), or non-space characters."""
+    if mode == "chars":
+        return sum(not c.isspace() for c in text)
+    return len(_WORD.findall(text))
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Text for one engine request: units `unit_start..unit_end` of utterance `utterance`."""
+
+    utterance: int
+    text: str
+    unit_start: int
+    unit_end: int
+
+
+@dataclass(slots=True)
+class Entry:
+    """One logged server message (and its audio bytes). `key` orders replay: a segment's
+    messages carry its last unit; `utterance.done`/`session.done` sit half a unit later, so a
+    client that has every unit up to n but missed the utterance's end gets that end again."""
+
+    message: dict[str, Any]
+    payload: bytes | None
+    utterance: int
+    key: float
+
+    @property
+    def size(self) -> int:
+        return 64 + (len(self.payload) if self.payload else 0)
+
+
+@dataclass
+class Session:
+    session_id: str
+    config: SessionStart
+    sample_rate: int
+    replay_bytes: int = 2 << 20
+    next_unit: int = 0  # the index the next delta must start at
+    utterance: int = 0  # the open (or next) utterance
+    open: bool = False  # an utterance has text, or an end, not yet done
+    ending: bool = False  # text.end received for the open utterance
+    finishing: bool = False  # session.end received
+    done: bool = False  # session.done logged
+    audio_samples: int = 0
+    last_delta_at: float = 0.0
+    _pending: list[str] = field(default_factory=list)
+    _pending_start: int = 0
+    _queue: deque[Segment] = field(default_factory=deque)
+    _inflight: Segment | None = None
+    _log: list[Entry] = field(default_factory=list)
+    _cursor: int = 0  # index into _log of the next entry to send
+    _unsent_bytes: int = 0
+    _log_bytes: int = 0
+    _trimmed_key: float = -1.0  # highest key among entries trimmed away
+    _seq: int = 0
+
+    # ------------------------------------------------------------------ client text
+
+    def delta(self, msg: TextDelta, now: float = 0.0) -> None:
+        if self.finishing:
+            raise ProtocolError("utterance_ending", "the session is ending (session.end was sent)")
+        if self.ending:
+            raise ProtocolError("utterance_ending", "text.end was sent; wait for utterance.done before more text")
+        first = self.next_unit if msg.first_unit_index is None else msg.first_unit_index
+        if first != self.next_unit:
+            code, how = ("unit_gap", "skips units") if first > self.next_unit else ("unit_overlap", "repeats units")
+            raise ProtocolError(code, f"first_unit_index {first} {how}; expected {self.next_unit}",
+                                expected_unit_index=self.next_unit)  # fmt: skip
+        units = count_units(msg.text, self.config.units)
+        self.open = True
+        self.last_delta_at = now
+        if not self._pending:
+            self._pending_start = self.next_unit
+        self._pending.append(msg.text)
+        self.next_unit += units
+        if _SENTENCE_END.search(msg.text) or self.next_unit - self._pending_start >= self.config.max_pending_units:
+            self.flush()
+
+    def flush(self) -> None:
+        """Pending text becomes a segment (if it holds any units)."""
+        text = "".join(self._pending)
+        if self.next_unit > self._pending_start and text.strip():
+            self._queue.append(Segment(self.utterance, text.strip(), self._pending_start, self.next_unit - 1))
+        self._pending.clear()
+        self._pending_start = self.next_unit
+
+    def idle_flush_due(self, now: float, idle_s: float) -> bool:
+        return bool(self._pending) and now - self.last_delta_at >= idle_s
+
+    def end(self) -> None:
+        """text.end: speak what is pending, then close the utterance."""
+        self.flush()
+        self.open = self.ending = True
+        self._maybe_finish_utterance()
+
+    def finish(self) -> None:
+        """session.end: end the open utterance (if any), then session.done."""
+        if self.open:
+            self.end()
+        self.finishing = True
+        self._maybe_finish_session()
+
+    def cancel(self) -> int:
+        """Stop the open utterance now; returns its number (the caller stops its engine stream)."""
+        cancelled = self.utterance
+        self._pending.clear()
+        self._pending_start = self.next_unit
+        self._queue = deque(s for s in self._queue if s.utterance != cancelled)
+        self._inflight = None
+        kept = self._log[: self._cursor] + [e for e in self._log[self._cursor :] if e.utterance != cancelled]
+        self._log = kept
+        self._unsent_bytes = sum(e.size for e in kept[self._cursor :])
+        self._log_bytes = sum(e.size for e in kept)
+        self._close_utterance("cancelled")
+        return cancelled
+
+    # ------------------------------------------------------------------ synthesis
+
+    def take_segment(self) -> Segment | None:
+        if self._inflight is not None or not self._queue:
+            return None
+        self._inflight = self._queue.popleft()
+        return self._inflight
+
+    def current(self, segment: Segment) -> bool:
+        """False once the segment's utterance was cancelled (its output is discarded)."""
+        return self._inflight is segment
+
+    def audio(self, segment: Segment, payload: bytes, samples: int) -> None:
+        if not self.current(segment) or not payload:
+            return
+        header = {"type": "audio", "seq": self._seq, "utterance": segment.utterance,
+                  "unit_start": segment.unit_start, "unit_end": segment.unit_end,
+                  "samples": samples, "bytes": len(payload)}  # fmt: skip
+        self._seq += 1
+        self.audio_samples += samples
+        self._append(header, payload, segment.utterance, segment.unit_end)
+
+    def segment_done(self, segment: Segment, error: tuple[str, str] | None = None) -> None:
+        """The engine finished the segment (or failed: `error` = (code, message))."""
+        if not self.current(segment):
+            return
+        if error is not None:
+            self._append({"type": "error", "code": error[0], "message": error[1], "fatal": False},
+                         None, segment.utterance, segment.unit_end)  # fmt: skip
+        self._append({"type": "units.done", "utterance": segment.utterance, "unit_start": segment.unit_start,
+                      "unit_end": segment.unit_end}, None, segment.utterance, segment.unit_end)  # fmt: skip
+        self._inflight = None
+        self._maybe_finish_utterance()
+
+    def _maybe_finish_utterance(self) -> None:
+        busy = self._pending or self._inflight is not None or any(s.utterance == self.utterance for s in self._queue)
+        if self.ending and not busy:
+            self._close_utterance("completed")
+
+    def _close_utterance(self, status: str) -> None:
+        last = self.next_unit - 1
+        message = {"type": "utterance.done", "utterance": self.utterance, "status": status, "unit_end": last}
+        self._append(message, None, self.utterance, last + 0.5)
+        self.utterance += 1
+        self.open = self.ending = False
+        self._maybe_finish_session()
+
+    def _maybe_finish_session(self) -> None:
+        if self.finishing and not self.open and not self.done:
+            self.done = True
+            audio_s = round(self.audio_samples / self.sample_rate, 3)
+            self._append({"type": "session.done", "units": self.next_unit, "audio_s": audio_s},
+                         None, self.utterance, self.next_unit + 0.5)  # fmt: skip
+
+    # ------------------------------------------------------------------ the log
+
+    def _append(self, message: dict[str, Any], payload: bytes | None, utterance: int, key: float) -> None:
+        entry = Entry(message, payload, utterance, key)
+        self._log.append(entry)
+        self._unsent_bytes += entry.size
+        self._log_bytes += entry.size
+        self._trim()
+
+    def _trim(self) -> None:
+        """Drop sent entries from the front beyond the replay budget."""
+        drop = 0
+        while drop < self._cursor and self._log_bytes > self.replay_bytes:
+            entry = self._log[drop]
+            self._log_bytes -= entry.size
+            self._trimmed_key = max(self._trimmed_key, entry.key)
+            drop += 1
+        if drop:
+            del self._log[:drop]
+            self._cursor -= drop
+
+    def unsent(self) -> Entry | None:
+        return self._log[self._cursor] if self._cursor < len(self._log) else None
+
+    def mark_sent(self) -> None:
+        self._unsent_bytes -= self._log[self._cursor].size
+        self._cursor += 1
+        self._trim()
+
+    @property
+    def unsent_bytes(self) -> int:
+        return self._unsent_bytes
+
+    @property
+    def drained(self) -> bool:
+        """Everything logged has been sent."""
+        return self._cursor == len(self._log)
+
+    def resume(self, last_unit_received: int) -> None:
+        """Send again everything after unit `last_unit_received` (see docs/protocol.md)."""
+        if last_unit_received >= self.next_unit:
+            raise ProtocolError("resume_not_available", f"unit {last_unit_received} was never received here")
+        if last_unit_received < self._trimmed_key:
+            raise ProtocolError("resume_not_available", "that point is older than the replay buffer")
+        start = next((i for i, e in enumerate(self._log) if e.key > last_unit_received), len(self._log))
+        self._cursor = start
+        self._unsent_bytes = sum(e.size for e in self._log[start:])

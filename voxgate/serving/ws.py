@@ -1,0 +1,393 @@
+"""The WebSocket TTS gateway (`/v1/tts/ws`, and `/v1/audio/speech/stream` for vLLM-Omni's
+message names): the I/O around the pure `Session` (docs/protocol.md has the protocol).
+
+Per socket, a reader parses messages and applies them to its session; per attached socket a
+writer sends the session's log from its cursor (replies such as `pong` and errors first),
+pacing audio when asked. Per session, a synthesiser takes segments in order through the
+engine and logs their audio; when the unsent output is over its bound it waits, warns the
+client (`backpressure`) and finally drops the socket. A dropped session waits
+`ws_resume_window_s` for a resume; `Gateway.janitor` ends it after that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+
+from voxgate.audio import StreamEncoder
+from voxgate.serving.session import Segment, Session
+from voxgate.serving.state import ServerState, StreamPlan
+from voxgate.serving.stream import EngineStream
+from voxgate.serving.wsproto import Bare, Ping, ProtocolError, SessionStart, TextDelta, error, parse_client
+from voxgate.types import Busy, TooManyStreams, VoxgateError
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+
+@router.websocket("/v1/tts/ws")
+async def tts_socket(websocket: WebSocket) -> None:
+    await _gateway(websocket).serve(websocket, compat=False)
+
+
+@router.websocket("/v1/audio/speech/stream")
+async def compat_socket(websocket: WebSocket) -> None:
+    await _gateway(websocket).serve(websocket, compat=True)
+
+
+def _gateway(websocket: WebSocket) -> Gateway:
+    gateway: Gateway = websocket.app.state.ws_gateway  # made with the app (create_app)
+    return gateway
+
+
+@dataclass(eq=False)
+class Live:
+    """A session with its I/O: the attached socket (if any), its wake-ups and tasks."""
+
+    session: Session
+    plan: StreamPlan
+    socket: WebSocket | None = None
+    replies: deque[dict[str, Any]] = field(default_factory=deque)  # sent before the log, never replayed
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # the writer has something to send
+    work: asyncio.Event = field(default_factory=asyncio.Event)  # the synthesiser has something to do
+    room: asyncio.Event = field(default_factory=asyncio.Event)  # the send queue drained a little
+    stream: EngineStream | None = None
+    writer: asyncio.Task[None] | None = None
+    synth: asyncio.Task[None] | None = None
+    detached_at: float | None = None
+    pace_start: float | None = None  # playback clock of the current utterance (pacing)
+    pace_utterance: int = -1
+    paced_samples: int = 0
+    dropped: str | None = None  # why the last socket was dropped, told on resume
+
+    def reply(self, message: dict[str, Any]) -> None:
+        self.replies.append(message)
+        self.wake.set()
+
+
+class Gateway:
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.settings = state.settings
+        self.sessions: dict[str, Live] = {}
+        self._janitor: asyncio.Task[None] | None = None
+        state.metrics.ws_sessions.set_function(lambda: len(self.sessions))
+        state.metrics.ws_detached.set_function(
+            lambda: sum(live.socket is None for live in list(self.sessions.values()))
+        )
+        state.metrics.ws_tasks.set_function(self.task_count)
+
+    # ------------------------------------------------------------------ one socket
+
+    async def serve(self, websocket: WebSocket, compat: bool) -> None:
+        await websocket.accept()
+        if not self._authorised(websocket):  # accepted first, so the client sees why
+            await websocket.close(code=4401, reason="unauthorized")
+            return
+        self._start_janitor()
+        live: Live | None = None
+        try:
+            while True:
+                frame = await websocket.receive()
+                if frame["type"] == "websocket.disconnect":
+                    break
+                raw = frame.get("text") if frame.get("text") is not None else frame.get("bytes", b"")
+                try:
+                    message = parse_client(raw, self.settings.ws_max_message_bytes, compat)
+                    live = await self._apply(message, live, websocket)
+                except (ProtocolError, VoxgateError) as exc:
+                    reply = exc.to_message() if isinstance(exc, ProtocolError) else error(exc.code, exc.message)
+                    self.state.metrics.errors.labels(reply["code"]).inc()
+                    if live is not None and live.socket is websocket:
+                        live.reply(reply)
+                    else:
+                        await websocket.send_json(reply)
+                    if reply["fatal"]:
+                        await websocket.close(code=1008)
+                        break
+                if live is not None and live.socket is not websocket:
+                    break  # replaced by a resume on another socket, or dropped for backpressure
+        except WebSocketDisconnect:
+            pass
+        except Exception:  # a bug must cost this socket only
+            log.exception("websocket session failed")
+        finally:
+            if live is not None:
+                self._detach(live, websocket)
+
+    def _authorised(self, websocket: WebSocket) -> bool:
+        keys = [k.encode() for k in self.settings.api_keys]
+        if not keys:
+            return True
+        header = websocket.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        given = token.strip() if scheme.lower() == "bearer" else websocket.query_params.get("api_key", "")
+        return any(hmac.compare_digest(key, given.encode()) for key in keys)
+
+    async def _apply(self, message: Any, live: Live | None, websocket: WebSocket) -> Live | None:
+        if isinstance(message, Ping):
+            reply = {"type": "pong", "id": message.id}
+            if live is not None and live.socket is websocket:
+                live.reply(reply)
+            else:
+                await websocket.send_json(reply)
+            return live
+        if isinstance(message, SessionStart):
+            if live is not None:
+                raise ProtocolError("session_exists", "this socket already has a session")
+            return self._resume(message, websocket) if message.resume else self._open(message, websocket)
+        if live is None:
+            raise ProtocolError("no_session", "send session.start first")
+        session = live.session
+        if isinstance(message, TextDelta):
+            session.delta(message, time.monotonic())
+        elif isinstance(message, Bare) and message.type == "text.flush":
+            session.flush()
+        elif isinstance(message, Bare) and message.type == "text.end":
+            session.end()
+        elif isinstance(message, Bare) and message.type == "session.end":
+            session.finish()
+        elif isinstance(message, Bare) and message.type == "cancel":
+            session.cancel()
+            if live.stream is not None:
+                live.stream.cancel("cancelled")
+            live.room.set()
+        live.work.set()
+        live.wake.set()
+        return live
+
+    # ------------------------------------------------------------------ sessions
+
+    def _open(self, start: SessionStart, websocket: WebSocket) -> Live:
+        if len(self.sessions) >= self.settings.ws_max_sessions:
+            raise ProtocolError("too_many_sessions", f"the server holds {len(self.sessions)} sessions", fatal=True)
+        fmt = {"pcm16": "pcm", "mulaw": "mulaw"}.get(start.format, start.format)
+        plan = self.state.plan(text="a", voice=start.voice, fmt=fmt, sample_rate=start.sample_rate,
+                               language=start.language)  # fmt: skip  # checks voice, language, format
+        session_id = uuid.uuid4().hex
+        session = Session(session_id, start, plan.sample_rate, self.settings.ws_replay_bytes)
+        live = Live(session, plan)
+        self.sessions[session_id] = live
+        live.synth = asyncio.get_running_loop().create_task(self._synthesise(live))
+        self._attach(live, websocket, resumed=False)
+        return live
+
+    def _resume(self, start: SessionStart, websocket: WebSocket) -> Live:
+        assert start.resume is not None
+        live = self.sessions.get(start.resume.session_id)
+        if live is None:
+            raise ProtocolError("resume_not_available", "no such session (expired, finished or never started)")
+        live.session.resume(start.resume.last_unit_index_received)
+        old = live.socket
+        if old is not None and old is not websocket:
+            live.socket = None
+            self._stop_writer(live)
+            asyncio.get_running_loop().create_task(_close_quietly(old, 4409, "resumed elsewhere"))
+        self._attach(live, websocket, resumed=True)
+        if live.dropped is not None:
+            live.reply(error(live.dropped, "the previous socket was dropped: it stopped reading", fatal=False))
+            live.dropped = None
+        return live
+
+    def _attach(self, live: Live, websocket: WebSocket, resumed: bool) -> None:
+        s = live.session
+        live.socket, live.detached_at = websocket, None
+        live.replies.clear()
+        live.reply({"type": "session.started", "session_id": s.session_id, "sample_rate": s.sample_rate,
+                    "format": s.config.format, "resumed": resumed, "next_unit_index": s.next_unit,
+                    "resume_window_s": self.settings.ws_resume_window_s})  # fmt: skip
+        live.pace_start, live.pace_utterance = None, -1
+        live.writer = asyncio.get_running_loop().create_task(self._write(live, websocket))
+
+    def _detach(self, live: Live, websocket: WebSocket) -> None:
+        if live.socket is not websocket:
+            return
+        live.socket = None
+        self._stop_writer(live)
+        if live.session.done and live.session.drained:
+            self._end(live)
+        else:
+            live.detached_at = time.monotonic()
+
+    def _stop_writer(self, live: Live) -> None:
+        if live.writer is not None and live.writer is not asyncio.current_task():
+            live.writer.cancel()
+        live.writer = None
+
+    def _end(self, live: Live) -> None:
+        self.sessions.pop(live.session.session_id, None)
+        if live.stream is not None:
+            live.stream.cancel("session_end")
+        if live.synth is not None and live.synth is not asyncio.current_task():
+            live.synth.cancel()
+
+    def _start_janitor(self) -> None:
+        if self._janitor is None or self._janitor.done():
+            self._janitor = asyncio.get_running_loop().create_task(self._expire())
+
+    async def _expire(self) -> None:
+        """End sessions whose resume window has passed."""
+        while self.sessions:
+            await asyncio.sleep(0.5)
+            now = time.monotonic()
+            for live in list(self.sessions.values()):
+                if live.detached_at is not None and now - live.detached_at > self.settings.ws_resume_window_s:
+                    self._end(live)
+
+    def task_count(self) -> int:
+        """Gateway tasks alive (for /metrics: leaks show as growth)."""
+        tasks = [t for live in self.sessions.values() for t in (live.writer, live.synth) if t is not None]
+        return sum(not t.done() for t in tasks) + int(self._janitor is not None and not self._janitor.done())
+
+    # ------------------------------------------------------------------ writer
+
+    async def _write(self, live: Live, websocket: WebSocket) -> None:
+        """Replies first, then the session's log from its cursor; ends the socket after session.done."""
+        s = live.session
+        try:
+            while True:
+                if live.replies:
+                    await websocket.send_json(live.replies.popleft())
+                    continue
+                entry = s.unsent()
+                if entry is None:
+                    if s.done:
+                        await websocket.close(code=1000)
+                        self._detach(live, websocket)
+                        return
+                    live.wake.clear()
+                    await live.wake.wait()
+                    continue
+                if entry.payload is not None and s.config.pacing:
+                    await self._pace(live, entry.message)
+                    if s.unsent() is not entry:  # a cancel removed it while we waited
+                        continue
+                message = entry.message
+                if entry.payload is not None and not s.config.binary:
+                    message = {**message, "data": base64.b64encode(entry.payload).decode()}
+                await websocket.send_text(json.dumps(message))
+                if entry.payload is not None and s.config.binary:
+                    await websocket.send_bytes(entry.payload)
+                s.mark_sent()
+                live.room.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the socket broke: the reader sees the disconnect and detaches
+            log.debug("websocket writer stopped", exc_info=True)
+
+    async def _pace(self, live: Live, header: dict[str, Any]) -> None:
+        """Hold audio until `pacing_lead_ms` before its playback time on the utterance's clock."""
+        now = time.monotonic()
+        if live.pace_utterance != header["utterance"]:
+            live.pace_utterance, live.pace_start, live.paced_samples = header["utterance"], now, 0
+        due = (
+            live.pace_start + live.paced_samples / live.session.sample_rate - live.session.config.pacing_lead_ms / 1000
+        )
+        live.paced_samples += header["samples"]
+        if due > now:
+            await asyncio.sleep(due - now)
+
+    # ------------------------------------------------------------------ synthesis
+
+    async def _synthesise(self, live: Live) -> None:
+        """Segments in order through the engine, into the session's log."""
+        s, idle = live.session, self.settings.ws_idle_flush_ms / 1000
+        try:
+            while not s.done:
+                segment = s.take_segment()
+                if segment is None:
+                    live.work.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(live.work.wait(), timeout=min(idle, 0.2))
+                    if s.idle_flush_due(time.monotonic(), idle):
+                        s.flush()
+                    continue
+                await self._speak(live, segment)
+                live.wake.set()
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("websocket synthesis failed")
+
+    async def _speak(self, live: Live, segment: Segment) -> None:
+        s, engine = live.session, self.state.require_engine()
+        request = replace(live.plan.request, text=segment.text, request_id=f"{s.session_id}:{segment.unit_start}")
+        client = f"ws:{s.session_id}"
+        await self._acquire(client)
+        live.stream = stream = EngineStream(engine, request, self.state.executor)
+        encoder = StreamEncoder(live.plan.fmt, engine.sample_rate, live.plan.sample_rate)
+        failure: tuple[str, str] | None = None
+        try:
+            while s.current(segment) and (chunk := await stream.next()) is not None:
+                before = encoder.samples_out
+                s.audio(segment, encoder.encode(chunk.samples), encoder.samples_out - before)
+                live.wake.set()
+                await self._room(live, segment)
+            before = encoder.samples_out
+            s.audio(segment, encoder.flush(), encoder.samples_out - before)
+        except VoxgateError as exc:
+            failure = (exc.code, exc.message)
+        finally:
+            stream.cancel("done")
+            live.stream = None
+            self.state.limiter.release(client)
+        s.segment_done(segment, failure)
+
+    async def _acquire(self, client: str) -> None:
+        """An engine slot, waiting while the server is full (a socket is not refused mid-utterance)."""
+        while True:
+            try:
+                self.state.limiter.acquire(client)
+                return
+            except (Busy, TooManyStreams):
+                await asyncio.sleep(0.05)
+
+    async def _room(self, live: Live, segment: Segment) -> None:
+        """Wait while the session's unsent output is over its bound: warn, then drop the socket."""
+        s, limit = live.session, self.settings.ws_send_queue_bytes
+        start, warned = time.monotonic(), False
+        while s.unsent_bytes > limit and s.current(segment):
+            live.room.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(live.room.wait(), timeout=0.1)
+            waited = time.monotonic() - start
+            socket = live.socket
+            if socket is None:
+                continue  # detached: wait for a resume (or the janitor)
+            if not warned and waited >= self.settings.ws_backpressure_warn_s:
+                warned = True
+                self.state.metrics.errors.labels("backpressure").inc()
+                live.reply(error("backpressure", "the client is not reading; audio is waiting", fatal=False))
+            if waited >= self.settings.ws_backpressure_warn_s + self.settings.ws_backpressure_grace_s:
+                log.warning("session %s: client not reading for %.1f s; dropping the socket", s.session_id, waited)
+                self._detach(live, socket)
+                live.dropped = "backpressure"
+                _abort(socket)
+                start, warned = time.monotonic(), False
+
+
+def _abort(websocket: WebSocket) -> None:
+    """Drop the connection now. A client that does not read cannot take a close frame (it
+    would wait behind megabytes of audio), so the TCP connection is aborted where the ASGI
+    server lets us (`RequestGate` records how), else closed."""
+    abort = websocket.scope.get("state", {}).get("abort_transport")
+    if abort is not None:
+        abort()
+    else:
+        asyncio.get_running_loop().create_task(_close_quietly(websocket, 1013, "backpressure"))
+
+
+async def _close_quietly(websocket: WebSocket, code: int, reason: str) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(websocket.close(code=code, reason=reason), timeout=1.0)

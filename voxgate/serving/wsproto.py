@@ -1,0 +1,127 @@
+"""Typed messages of the WebSocket TTS protocol (docs/protocol.md) and their parsing.
+
+`parse_client` turns one text frame into a client message or raises `ProtocolError` with the
+protocol's error code; the server's messages are built as plain dicts by the helpers below.
+`schema()` is the JSON schema of every client message (`voxgate protocol-schema`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from voxgate.serving.protocol import describe_validation
+
+
+class ProtocolError(Exception):
+    """A refused message: `code` and `fatal` go on the wire in an `error` message."""
+
+    def __init__(self, code: str, message: str, fatal: bool = False, **extra: Any) -> None:
+        super().__init__(message)
+        self.code, self.message, self.fatal, self.extra = code, message, fatal, extra
+
+    def to_message(self) -> dict[str, Any]:
+        return error(self.code, self.message, self.fatal, **self.extra)
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Resume(_Message):
+    session_id: str = Field(max_length=64)
+    last_unit_index_received: int = Field(ge=-1)
+
+
+class SessionStart(_Message):
+    type: Literal["session.start"]
+    voice: str | None = Field(None, max_length=128)
+    language: str | None = Field(None, max_length=32)
+    format: str = Field("pcm16", max_length=16, description="pcm16 or mulaw (others: unsupported_format)")
+    sample_rate: int | None = Field(None, ge=8000, le=48000)
+    binary: bool = True
+    units: Literal["words", "chars"] = "words"
+    max_pending_units: int = Field(12, ge=1, le=200)
+    pacing: bool = False
+    pacing_lead_ms: int = Field(300, ge=0, le=5000)
+    resume: Resume | None = None
+
+
+class TextDelta(_Message):
+    type: Literal["text.delta"]
+    text: str = Field(min_length=1, max_length=4000)
+    first_unit_index: int | None = Field(None, ge=0, description="omitted: the server numbers the units")
+
+
+class Bare(_Message):
+    """Messages with no fields."""
+
+    type: Literal["text.flush", "text.end", "cancel", "session.end"]
+
+
+class Ping(_Message):
+    type: Literal["ping"]
+    id: str | int | None = None
+
+
+ClientMessage = Annotated[SessionStart | TextDelta | Bare | Ping, Field(discriminator="type")]
+_ADAPTER: TypeAdapter[SessionStart | TextDelta | Bare | Ping] = TypeAdapter(ClientMessage)
+CLIENT_TYPES = ("session.start", "text.delta", "text.flush", "text.end", "cancel", "session.end", "ping")
+
+# vLLM-Omni's streaming speech socket: its names for the same messages.
+_COMPAT = {"session.config": "session.start", "input.text": "text.delta", "input.done": "text.end",
+           "session.close": "session.end"}  # fmt: skip
+
+
+def parse_client(raw: str | bytes, max_bytes: int, compat: bool = False) -> SessionStart | TextDelta | Bare | Ping:
+    """One client frame -> a typed message; `ProtocolError` for anything else."""
+    if isinstance(raw, bytes):
+        raise ProtocolError("binary_not_supported", "send JSON text frames; binary frames are not accepted")
+    if len(raw) > max_bytes:  # characters bound bytes from below: a cheap first check
+        raise ProtocolError("message_too_large", f"messages are limited to {max_bytes} bytes")
+    if len(raw.encode()) > max_bytes:
+        raise ProtocolError("message_too_large", f"messages are limited to {max_bytes} bytes")
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ProtocolError("invalid_message", "the message is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ProtocolError("invalid_message", "a message is a JSON object with a 'type'")
+    kind = data.get("type")
+    if compat and kind in _COMPAT:
+        data = _from_compat(data)
+        kind = data["type"]
+    if not isinstance(kind, str) or kind not in CLIENT_TYPES:
+        raise ProtocolError("unknown_type", f"unknown message type {kind!r}; known: {', '.join(CLIENT_TYPES)}")
+    try:
+        return _ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        raise ProtocolError("invalid_message", f"{kind}: {describe_validation(exc.errors())}") from None
+
+
+def _from_compat(data: dict[str, Any]) -> dict[str, Any]:
+    """vLLM-Omni's message -> ours (`input.text` has no unit index: the session numbers it)."""
+    kind = _COMPAT[data["type"]]
+    if kind == "session.start":
+        fmt = data.get("response_format", "pcm16")
+        out = {"type": kind, "format": "mulaw" if fmt in ("mulaw", "ulaw") else "pcm16"}
+        for key in ("voice", "language", "sample_rate"):
+            if key in data:
+                out[key] = data[key]
+        return out
+    if kind == "text.delta":
+        return {"type": kind, "text": data.get("text")}
+    return {"type": kind}
+
+
+def schema() -> dict[str, Any]:
+    return _ADAPTER.json_schema()
+
+
+# ------------------------------------------------------------------ server messages
+
+
+def error(code: str, message: str, fatal: bool = False, **extra: Any) -> dict[str, Any]:
+    return {"type": "error", "code": code, "message": message, "fatal": fatal, **extra}
