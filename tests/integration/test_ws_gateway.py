@@ -315,3 +315,18 @@ def test_a_client_that_stops_reading_is_warned_then_dropped_and_others_are_not_s
         asyncio.run(run())
         metrics = httpx.get(server.url + "/metrics").text
         assert 'voxgate_errors_total{code="backpressure"}' in metrics and "voxgate_ws_tasks" in metrics
+
+
+def test_an_engine_failure_fails_its_segment_only(gateway):
+    async def run() -> None:
+        async with websockets.connect(_ws(gateway)) as ws:
+            c = Client(ws)
+            await c.start(max_pending_units=2)
+            await c.words("fine words [[fail]] here then more words.")
+            await c.send(type="text.end")
+            await c.until("utterance.done")
+        failed = [m for m in c.of("error") if m["code"] == "engine_error"]
+        assert len(failed) == 1 and not failed[0]["fatal"]
+        assert _covered(c.messages) == list(range(7))  # the failed segment's units are reported too
+
+    asyncio.run(run())
