@@ -51,6 +51,7 @@ class Entry:
     payload: bytes | None
     utterance: int
     key: float
+    first: bool = False  # the first audio of its segment
 
     @property
     def size(self) -> int:
@@ -81,6 +82,7 @@ class Session:
     _log_bytes: int = 0
     _trimmed_key: float = -1.0  # highest key among entries trimmed away
     _seq: int = 0
+    _last_audio_of: Segment | None = None
 
     # ------------------------------------------------------------------ client text
 
@@ -160,9 +162,11 @@ class Session:
         header = {"type": "audio", "seq": self._seq, "utterance": segment.utterance,
                   "unit_start": segment.unit_start, "unit_end": segment.unit_end,
                   "samples": samples, "bytes": len(payload)}  # fmt: skip
+
         self._seq += 1
         self.audio_samples += samples
-        self._append(header, payload, segment.utterance, segment.unit_end)
+        entry = self._append(header, payload, segment.utterance, segment.unit_end)
+        entry.first, self._last_audio_of = segment is not self._last_audio_of, segment
 
     def segment_done(self, segment: Segment, error: tuple[str, str] | None = None) -> None:
         """The engine finished the segment (or failed: `error` = (code, message))."""
@@ -198,12 +202,13 @@ class Session:
 
     # ------------------------------------------------------------------ the log
 
-    def _append(self, message: dict[str, Any], payload: bytes | None, utterance: int, key: float) -> None:
+    def _append(self, message: dict[str, Any], payload: bytes | None, utterance: int, key: float) -> Entry:
         entry = Entry(message, payload, utterance, key)
         self._log.append(entry)
         self._unsent_bytes += entry.size
         self._log_bytes += entry.size
         self._trim()
+        return entry
 
     def _trim(self) -> None:
         """Drop sent entries from the front beyond the replay budget."""

@@ -26,10 +26,10 @@ from typing import Any
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from voxgate.audio import StreamEncoder
-from voxgate.serving.session import Segment, Session
+from voxgate.serving.session import Entry, Segment, Session
 from voxgate.serving.state import ServerState, StreamPlan
 from voxgate.serving.stream import EngineStream
-from voxgate.serving.wsproto import Bare, Ping, ProtocolError, SessionStart, TextDelta, error, parse_client
+from voxgate.serving.wsproto import Bare, Ping, ProtocolError, SessionStart, TextDelta, error, omni_frames, parse_client
 from voxgate.types import Busy, TooManyStreams, VoxgateError
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,8 @@ class Live:
     pace_utterance: int = -1
     paced_samples: int = 0
     dropped: str | None = None  # why the last socket was dropped, told on resume
+    omni: bool = False  # vLLM-Omni's framing (the compatibility path)
+    sentence: int = 0  # its segment counter
 
     def reply(self, message: dict[str, Any]) -> None:
         self.replies.append(message)
@@ -146,7 +148,9 @@ class Gateway:
         if isinstance(message, SessionStart):
             if live is not None:
                 raise ProtocolError("session_exists", "this socket already has a session")
-            return self._resume(message, websocket) if message.resume else self._open(message, websocket)
+            if message.resume:
+                return self._resume(message, websocket)
+            return self._open(message, websocket, omni=websocket.url.path.endswith("/speech/stream"))
         if live is None:
             raise ProtocolError("no_session", "send session.start first")
         session = live.session
@@ -169,7 +173,7 @@ class Gateway:
 
     # ------------------------------------------------------------------ sessions
 
-    def _open(self, start: SessionStart, websocket: WebSocket) -> Live:
+    def _open(self, start: SessionStart, websocket: WebSocket, omni: bool = False) -> Live:
         if len(self.sessions) >= self.settings.ws_max_sessions:
             raise ProtocolError("too_many_sessions", f"the server holds {len(self.sessions)} sessions", fatal=True)
         fmt = {"pcm16": "pcm", "mulaw": "mulaw"}.get(start.format, start.format)
@@ -177,7 +181,7 @@ class Gateway:
                                language=start.language)  # fmt: skip  # checks voice, language, format
         session_id = uuid.uuid4().hex
         session = Session(session_id, start, plan.sample_rate, self.settings.ws_replay_bytes)
-        live = Live(session, plan)
+        live = Live(session, plan, omni=omni)
         self.sessions[session_id] = live
         live.synth = asyncio.get_running_loop().create_task(self._synthesise(live))
         self._attach(live, websocket, resumed=False)
@@ -273,18 +277,29 @@ class Gateway:
                     await self._pace(live, entry.message)
                     if s.unsent() is not entry:  # a cancel removed it while we waited
                         continue
-                message = entry.message
-                if entry.payload is not None and not s.config.binary:
-                    message = {**message, "data": base64.b64encode(entry.payload).decode()}
-                await websocket.send_text(json.dumps(message))
-                if entry.payload is not None and s.config.binary:
-                    await websocket.send_bytes(entry.payload)
+                for frame in self._frames(live, entry):
+                    if isinstance(frame, bytes):
+                        await websocket.send_bytes(frame)
+                    else:
+                        await websocket.send_text(frame)
                 s.mark_sent()
                 live.room.set()
         except asyncio.CancelledError:
             raise
         except Exception:  # the socket broke: the reader sees the disconnect and detaches
             log.debug("websocket writer stopped", exc_info=True)
+
+    @staticmethod
+    def _frames(live: Live, entry: Entry) -> list[str | bytes]:
+        """A logged message as frames: JSON, then the audio bytes (binary, or base64 inside)."""
+        if live.omni:
+            frames, live.sentence = omni_frames(entry.message, entry.payload, entry.first, live.sentence)
+            return frames
+        if entry.payload is None:
+            return [json.dumps(entry.message)]
+        if not live.session.config.binary:
+            return [json.dumps({**entry.message, "data": base64.b64encode(entry.payload).decode()})]
+        return [json.dumps(entry.message), entry.payload]
 
     async def _pace(self, live: Live, header: dict[str, Any]) -> None:
         """Hold audio until `pacing_lead_ms` before its playback time on the utterance's clock."""

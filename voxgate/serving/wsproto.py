@@ -125,3 +125,20 @@ def schema() -> dict[str, Any]:
 
 def error(code: str, message: str, fatal: bool = False, **extra: Any) -> dict[str, Any]:
     return {"type": "error", "code": code, "message": message, "fatal": fatal, **extra}
+
+
+def omni_frames(
+    message: dict[str, Any], payload: bytes | None, first: bool, sentence: int
+) -> tuple[list[str | bytes], int]:
+    """One logged message as vLLM-Omni's streaming speech socket sends it: `audio.start`
+    before a segment's first audio, bare binary PCM frames, `audio.done` after it (segments
+    numbered by `sentence`); other messages as they are. Returns (frames, next sentence)."""
+    kind = message["type"]
+    if kind == "audio":
+        frames: list[str | bytes] = []
+        if first:
+            frames.append(json.dumps({"type": "audio.start", "sentence_index": sentence}))
+        return [*frames, payload or b""], sentence
+    if kind == "units.done":
+        return [json.dumps({"type": "audio.done", "sentence_index": sentence})], sentence + 1
+    return [json.dumps(message)], sentence
