@@ -135,6 +135,12 @@ def cmd_bench_tts(args: argparse.Namespace) -> int:
     return run_tts_bench(args)
 
 
+def cmd_load(args: argparse.Namespace) -> int:
+    from voxgate.bench.load_client import run_load
+
+    return run_load(args)
+
+
 def cmd_make_random_checkpoint(args: argparse.Namespace) -> int:
     from voxgate.engines.qwen3.checkpoint import make_random_checkpoint
 
@@ -185,6 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
     tts = bench.add_parser("tts", help="qwen3 per-frame cost, TTFA and RTF for a checkpoint")
     add_tts_arguments(tts)
     tts.set_defaults(func=cmd_bench_tts)
+
+    from voxgate.bench.load import add_arguments as add_load_arguments
+
+    load = sub.add_parser("load", help="WebSocket gateway load test with fault injection (a running server)")
+    add_load_arguments(load)
+    load.set_defaults(func=cmd_load)
 
     from voxgate.engines.qwen3.checkpoint import MODELS
 
