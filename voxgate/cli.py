@@ -136,7 +136,7 @@ def cmd_bench_tts(args: argparse.Namespace) -> int:
 
 
 def cmd_load(args: argparse.Namespace) -> int:
-    from voxgate.bench.load_client import run_load
+    from voxgate.bench.load import run_load
 
     return run_load(args)
 

@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     ws_backpressure_grace_s: float = Field(
         5.0, gt=0, description="WebSocket gateway: still full this long after the warning -> socket dropped."
     )
+    ws_socket_send_buffer_bytes: int = Field(
+        262144, ge=0, description="WebSocket gateway: kernel send buffer per socket (0 = the OS autotunes it)."
+    )
     ws_idle_flush_ms: int = Field(800, ge=10, description="WebSocket gateway: speak pending text after this pause.")
 
     # engines

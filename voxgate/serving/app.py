@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import re
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -105,6 +108,7 @@ class RequestGate:
         self.keys = [k.encode() for k in settings.api_keys]
         self.max_bytes = settings.max_request_bytes
         self.max_upload_bytes = settings.max_voice_upload_bytes
+        self.ws_send_buffer = settings.ws_socket_send_buffer_bytes
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -115,6 +119,7 @@ class RequestGate:
             transport = getattr(getattr(send, "__self__", None), "transport", None)
             if transport is not None:
                 scope.setdefault("state", {})["abort_transport"] = transport.abort
+                _cap_send_buffer(transport, self.ws_send_buffer)
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -172,6 +177,16 @@ class RequestGate:
             if not message.get("more_body", False):
                 break
         return b"".join(chunks)
+
+
+def _cap_send_buffer(transport: Any, size: int) -> None:
+    """A fixed kernel send buffer for a WebSocket: left to autotuning it grows to megabytes on
+    loopback, which hides a client that stopped reading from the gateway's own bounded queue
+    (backpressure) and outruns the replay buffer a resume needs."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and size > 0:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
 
 
 def _request_id(given: bytes) -> str:

@@ -18,17 +18,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from voxgate.serving.wsproto import ProtocolError, SessionStart, TextDelta
+from voxgate.text import count_units as text_units
 
-_CJK = "\u1100-\u11ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
-_WORD = re.compile(rf"[{_CJK}]|[^\s{_CJK}]+")
 _SENTENCE_END = re.compile(r"[.!?;:](?=\s|$)|[。！？；\n]")
 
 
 def count_units(text: str, mode: str) -> int:
-    """Units in `text`: CJK characters and other words ("words"), or non-space characters."""
+    """Units in `text`: `voxgate.text` units ("words": CJK characters and other words, as the
+    engines and the load tool count them), or non-space characters ("chars")."""
     if mode == "chars":
         return sum(not c.isspace() for c in text)
-    return len(_WORD.findall(text))
+    return text_units(text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,283 @@
+"""`voxgate load`: many WebSocket TTS sessions against a running gateway, with fault injection.
+
+Each simulated client opens `/v1/tts/ws`, sends text at `--cps` units per second as an LLM
+would, and reads the audio back; some sessions are disconnected, cancelled or stop reading
+for a while (the fault plan, drawn from `--seed`). Every unit is accounted for exactly
+(received / missing / duplicate / cancelled / mismatched) and timed (TTFA, UnitLatency).
+
+This module holds the command: its parameters, the text cut into deltas, the fault plan (all
+plain functions), and the run that ties them together. `load_client` does the socket I/O;
+`load_stats` keeps the per-session ledger and builds the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import random
+import re
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from voxgate.bench.load_stats import markdown_table, summarize
+from voxgate.bench.stats import machine, write_report
+from voxgate.text import split_units
+from voxgate.types import InvalidRequest
+
+SCENARIOS = ("baseline", "mixed")
+MIXED_DEFAULT_PERCENT = 0.1
+FAULT_WINDOW = (0.25, 0.6)  # faults start between these fractions of the sending time
+
+DEFAULT_TEXT = (
+    "The night train left the coast a little after nine, and most of the passengers were asleep "
+    "before it reached the hills. In the last carriage, a retired engineer kept a notebook open "
+    "on his knees and wrote down every station, the minute it arrived, and the minute it left. "
+    "He had done this for forty years. Nobody had ever asked him why, and he had never offered "
+    "to explain. The conductor knew him by name and brought him tea without being asked. "
+    "Around midnight the rain started, soft at first, then hard enough to drown the sound of "
+    "the wheels. The lights flickered twice. A child woke up in the middle carriage and asked "
+    "whether the train would stop, and her mother said that trains like this one never stop "
+    "for rain. The engineer smiled when he heard it, because it was almost true. He remembered "
+    "a winter when the river rose over the tracks near the old mill, and the train waited for "
+    "three hours while men with lanterns walked along the rails and measured the water with "
+    "long poles. Nobody complained that night. People shared bread and blankets, and somebody "
+    "played a harmonica until the sky turned grey. When the water finally went down, the "
+    "driver sounded the whistle so long that the cows in the next field ran to the far fence. "
+    "The engineer wrote that down as well, with the exact time, and drew a small cow next to "
+    "it. Tonight there was no flood and no harmonica, only the rain and the steady rhythm of "
+    "the carriages. He filled two more pages with stations and minutes. Somewhere past the "
+    "border, the clouds opened and a thin moon came out over the fields. The train slowed for "
+    "a long curve, and he could see the front of it bending away ahead of him, every window a "
+    "small square of yellow light. He closed the notebook and put it back in his coat. In the "
+    "morning there would be coffee, a new city, and a platform full of strangers in a hurry. "
+    "He would write down the minute they arrived, as always, and then he would walk into town "
+    "to find a bakery that opened early. Some habits keep a person company for a whole life, "
+    "and this was one of his. The rain stopped just before dawn, and the first birds were "
+    "already singing when the train crossed the last bridge and rolled slowly into the station."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadParams:
+    """What one `voxgate load` run does; percents are fractions of sessions (0..1)."""
+
+    url: str
+    scenario: str = "baseline"
+    concurrency: int = 50
+    cps: float = 5.0
+    duration_s: float = 60.0
+    units: str = "words"
+    disconnect: float = 0.0
+    cancel: float = 0.0
+    backpressure: float = 0.0
+    backpressure_pause_s: float = 10.0
+    reconnect_delay_s: float = 1.0
+    seed: int = 0
+    api_key: str | None = None
+    voice: str | None = None
+    text_file: str | None = None
+    output_json: str | None = None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `voxgate load` flags."""
+    add = parser.add_argument
+    add("--url", default="ws://127.0.0.1:8000/v1/tts/ws", help="gateway URL (default ws://127.0.0.1:8000/v1/tts/ws)")
+    add(
+        "--scenario",
+        default="baseline",
+        choices=SCENARIOS,
+        help="baseline: no faults; mixed: faults (default 0.1 each)",
+    )
+    add("--concurrency", type=int, default=50, help="sessions started together (default 50)")
+    add("--cps", type=float, default=5.0, help="text units sent per second per session (default 5)")
+    add("--duration", type=float, default=60.0, help="seconds of text sending per session (default 60)")
+    add("--text-file", default=None, help="UTF-8 text to send (default: a built-in English text)")
+    add("--units", default="words", choices=["words", "chars"], help="unit of text (default words)")
+    for kind in ("disconnect", "cancel", "backpressure"):
+        add(
+            f"--{kind}-percent", type=float, default=None, help=f"fraction of sessions with a {kind} (0..1; mixed: 0.1)"
+        )
+    add("--backpressure-pause-s", type=float, default=10.0, help="how long a backpressure session stops reading")
+    add("--reconnect-delay-s", type=float, default=1.0, help="wait before reconnecting after a dropped socket")
+    add("--api-key", default=None, help="bearer key, when the server has API keys")
+    add("--voice", default=None, help="voice id (default: the server's)")
+    add("--seed", type=int, default=0, help="seed of the fault plan (default 0)")
+    add("--output-json", default=None, help="where to write results (default bench/results/load-<time>.json)")
+
+
+def params_from_args(args: argparse.Namespace) -> LoadParams:
+    """Parameters from the parsed flags; `baseline` forces every fault fraction to 0."""
+    given = {k: getattr(args, f"{k}_percent") for k in ("disconnect", "cancel", "backpressure")}
+    if args.scenario == "baseline":
+        faults = dict.fromkeys(given, 0.0)
+    else:
+        faults = {k: MIXED_DEFAULT_PERCENT if v is None else v for k, v in given.items()}
+    params = LoadParams(
+        url=args.url, scenario=args.scenario, concurrency=args.concurrency, cps=args.cps, duration_s=args.duration,
+        units=args.units, backpressure_pause_s=args.backpressure_pause_s, reconnect_delay_s=args.reconnect_delay_s,
+        seed=args.seed, api_key=args.api_key, voice=args.voice, text_file=args.text_file,
+        output_json=args.output_json, **faults,
+    )  # fmt: skip
+    check_params(params)
+    return params
+
+
+def check_params(params: LoadParams) -> None:
+    """Refuse values the run cannot honour, with a message naming the flag."""
+    for name in ("disconnect", "cancel", "backpressure"):
+        value = getattr(params, name)
+        if not 0.0 <= value <= 1.0:
+            raise InvalidRequest(f"--{name}-percent is a fraction of sessions in 0..1, got {value}")
+    if params.concurrency < 1:
+        raise InvalidRequest("--concurrency must be at least 1")
+    if params.cps <= 0 or params.duration_s <= 0:
+        raise InvalidRequest("--cps and --duration must be positive")
+    if params.backpressure_pause_s < 0 or params.reconnect_delay_s < 0:
+        raise InvalidRequest("--backpressure-pause-s and --reconnect-delay-s must not be negative")
+    if not params.url.startswith(("ws://", "wss://")):
+        raise InvalidRequest(f"--url must be a ws:// or wss:// URL, got {params.url!r}")
+
+
+# ---------------------------------------------------------------------------- text
+
+
+@dataclass(frozen=True, slots=True)
+class TextPlan:
+    """The deltas one session sends: one unit each, with the spaces that follow it."""
+
+    deltas: tuple[str, ...]
+    available: int  # units in the whole text
+    needed: int  # cps x duration
+
+    @property
+    def short(self) -> bool:
+        return self.available < self.needed
+
+
+def unit_deltas(text: str, units: str) -> list[str]:
+    """Cut `text` into deltas of exactly one unit (as the gateway counts them) plus trailing spaces."""
+    if units == "words":
+        starts = [u.start for u in split_units(text)]
+    else:
+        starts = [m.start() for m in re.finditer(r"\S", text)]
+    ends = [*starts[1:], len(text)]
+    return [text[s:e] for s, e in zip(starts, ends, strict=True)]
+
+
+def plan_text(text: str, units: str, cps: float, duration_s: float) -> TextPlan:
+    """The deltas for `duration_s` at `cps`; a text too short is kept whole and flagged, never padded."""
+    deltas = unit_deltas(text.strip(), units)
+    needed = math.ceil(cps * duration_s - 1e-9)
+    return TextPlan(tuple(deltas[:needed]), len(deltas), needed)
+
+
+def load_text(path: str | None) -> str:
+    """The text of `--text-file`, or the built-in one."""
+    if path is None:
+        return DEFAULT_TEXT
+    text = Path(path).read_text(encoding="utf-8")
+    if not text.strip():
+        raise InvalidRequest(f"--text-file {path} has no text")
+    return text
+
+
+def short_text_warning(plan: TextPlan, cps: float) -> str | None:
+    """The line to print when the text runs out before the duration (None when it does not)."""
+    if not plan.short:
+        return None
+    return (
+        f"warning: the text has {plan.available} units, fewer than cps x duration = {plan.needed}; "
+        f"each session sends text.end when it runs out (after {plan.available / cps:.1f} s)"
+    )
+
+
+# ---------------------------------------------------------------------------- faults
+
+
+@dataclass(frozen=True, slots=True)
+class FaultPlan:
+    """When (seconds after the run starts) each injected fault of one session happens; None = never."""
+
+    disconnect_at: float | None = None
+    cancel_at: float | None = None
+    backpressure_at: float | None = None
+
+    def events(self) -> list[tuple[float, str]]:
+        """(time, kind) in time order."""
+        pairs = [(self.disconnect_at, "disconnect"), (self.cancel_at, "cancel"), (self.backpressure_at, "backpressure")]
+        return sorted((t, kind) for t, kind in pairs if t is not None)
+
+
+def plan_faults(params: LoadParams, sending_s: float) -> list[FaultPlan]:
+    """One plan per session, reproducible from `params.seed`: each kind is drawn independently
+    with its fraction and placed in the middle of the sending time (`FAULT_WINDOW`); a
+    backpressure pause starts early enough to end before the text does, where it can."""
+    rng = random.Random(params.seed)
+    low, high = FAULT_WINDOW[0] * sending_s, FAULT_WINDOW[1] * sending_s
+    windows = {"disconnect": (low, high), "cancel": (low, high),
+               "backpressure": (low, max(low, min(high, sending_s - params.backpressure_pause_s)))}  # fmt: skip
+    plans = []
+    for _ in range(params.concurrency):
+        times = {}
+        for kind, (start, end) in windows.items():
+            hit, at = rng.random() < getattr(params, kind), round(rng.uniform(start, end), 3)
+            times[f"{kind}_at"] = at if hit else None
+        plans.append(FaultPlan(**times))
+    return plans
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+def execute(params: LoadParams) -> dict[str, Any]:
+    """Run the load and return the report (no file written); warnings go to stderr."""
+    from voxgate.bench.load_client import run_sessions  # websockets is imported only when a run starts
+
+    text = plan_text(load_text(params.text_file), params.units, params.cps, params.duration_s)
+    warning = short_text_warning(text, params.cps)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    before = machine()
+    started = datetime.now(UTC)
+    wall = time.perf_counter()
+    ledgers = asyncio.run(run_sessions(params, text))
+    results = summarize(ledgers, len(text.deltas) / params.cps)
+    return {
+        "bench": "load",
+        "date": started.isoformat(timespec="seconds"),
+        "machine": before,
+        "load_avg_1m_after": machine()["load_avg_1m"],
+        "parameters": {k: v for k, v in asdict(params).items() if k != "api_key"},
+        "text": {
+            "units": text.available,
+            "units_needed": text.needed,
+            "units_sent_per_session": len(text.deltas),
+            "text_short": text.short,
+            "note": warning,
+        },
+        "wall_s": round(time.perf_counter() - wall, 2),
+        "results": results,
+    }
+
+
+def run_load(args: argparse.Namespace) -> int:
+    """`voxgate load`: run, print the table, write the JSON; exit 1 if any unit was lost or mangled."""
+    params = params_from_args(args)
+    report = {"command": shlex.join(["voxgate", *sys.argv[1:]]), **execute(params)}
+    if params.api_key:
+        report["command"] = report["command"].replace(params.api_key, "***")
+    stamp = datetime.fromisoformat(report["date"])
+    results = report["results"]
+    table = markdown_table(results)
+    if report["text"]["text_short"]:
+        table += "\n\n" + report["text"]["note"]
+    write_report(report, "load", stamp, params.output_json, table)
+    u = results["units"]
+    return 1 if u["missing"] or u["duplicate"] or u["mismatched"] else 0

@@ -1,0 +1,293 @@
+"""Exact accounting of a `voxgate load` run: a ledger per session, then the report.
+
+The ledger is fed the events one session sees (units sent, audio headers, `units.done`,
+`utterance.done`, errors, disconnects) and does no I/O, so every rule is unit-tested.
+Per unit index: received = covered by `units.done` exactly once; duplicate = more than once;
+cancelled = in a cancelled utterance and not received; missing = sent and none of these.
+Mismatches are messages that contradict what was sent: ranges over units never sent or in
+another utterance, audio `seq` that skips or goes back, a binary frame of the wrong size.
+Two seq jumps are by design: a resume replays, with their original `seq`, the segments this
+client discarded (those ending after its last `units.done`); a cancel drops its utterance's
+unsent audio, seq numbers included, so the next utterance may start past a hole.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from voxgate.bench.stats import summary
+
+MAX_MISMATCH_NOTES = 20
+DRIFT_WINDOW_S = 10.0
+BACKPRESSURE_CODES = frozenset({"backpressure", "backpressure_drop"})
+RESUME_CODES = frozenset({"resume_not_available"})
+
+
+@dataclass(slots=True)
+class _OpenSegment:
+    """Audio of a segment whose `units.done` has not arrived (yet, or ever: a cancelled one)."""
+
+    seqs: list[int] = field(default_factory=list)
+    samples: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class UnitTally:
+    sent: int
+    received: int
+    missing: int
+    duplicate: int
+    cancelled: int
+    mismatched: int
+
+
+class SessionLedger:
+    """What one session sent and received, by unit index. Times are seconds since the run began."""
+
+    def __init__(self) -> None:
+        self.sent_at: list[float] = []
+        self.done_hits: Counter[int] = Counter()
+        self.first_audio_at: dict[int, float] = {}
+        self.utterance_first: list[int] = [0]  # first unit of each utterance, as this client opened them
+        self.utterance_first_audio: dict[int, float] = {}
+        self.utterance_status: dict[int, tuple[str, int]] = {}
+        self.cancel_requested: set[int] = set()
+        self.open_segments: dict[tuple[int, int, int], _OpenSegment] = {}
+        self.next_seq = 0
+        self.last_audio_utterance = -1
+        self.last_done_unit = -1
+        self.mismatches = 0
+        self.notes: list[str] = []
+        self.errors_injected: Counter[str] = Counter()
+        self.errors_other: Counter[str] = Counter()
+        self.injected: set[str] = set()  # fault kinds already injected in this session
+        self.resumes_attempted = self.resumes_succeeded = 0
+        self.sample_rate = 0
+        self.kept_samples = self.discarded_samples = self.bytes = 0
+        self.repeated_messages = 0
+        self.finished = False  # session.done arrived
+        self.failure: str | None = None
+
+    # ---------------------------------------------------------------- events
+
+    def sent(self, index: int, t: float) -> None:
+        """Unit `index` went out; a resend keeps the first send time."""
+        if index > len(self.sent_at):
+            raise ValueError(f"unit {index} sent before unit {len(self.sent_at)}")
+        if index == len(self.sent_at):
+            self.sent_at.append(t)
+
+    def audio(self, header: Mapping[str, Any], nbytes: int, t: float) -> None:
+        """An `audio` header and the size of the binary frame that followed it."""
+        seq, utt, start, end = (int(header[k]) for k in ("seq", "utterance", "unit_start", "unit_end"))
+        self.bytes += nbytes
+        self._check_seq(seq, utt)
+        if int(header.get("bytes", nbytes)) != nbytes:
+            self.mismatch(f"audio seq {seq}: header says {header['bytes']} bytes, frame has {nbytes}")
+        if not self._range_ok("audio", utt, start, end):
+            return
+        for i in range(start, end + 1):
+            self.first_audio_at.setdefault(i, t)
+        self.utterance_first_audio.setdefault(utt, t)
+        segment = self.open_segments.setdefault((utt, start, end), _OpenSegment())
+        segment.seqs.append(seq)
+        segment.samples += int(header.get("samples", 0))
+
+    def units_done(self, utt: int, start: int, end: int) -> None:
+        """`units.done`: units start..end (inclusive) are spoken."""
+        if not self._range_ok("units.done", utt, start, end):
+            return
+        self.done_hits.update(range(start, end + 1))
+        self.last_done_unit = max(self.last_done_unit, end)
+        segment = self.open_segments.pop((utt, start, end), None)
+        if segment is not None:
+            self.kept_samples += segment.samples
+
+    def utterance_done(self, utt: int, status: str, unit_end: int) -> None:
+        """`utterance.done`; its status must be `cancelled` exactly when this client cancelled it."""
+        if utt in self.utterance_status:
+            if self.utterance_status[utt] == (status, unit_end):
+                self.repeated_messages += 1
+            else:
+                self.mismatch(f"utterance {utt} done twice: {self.utterance_status[utt]} then {(status, unit_end)}")
+            return
+        if not 0 <= utt < len(self.utterance_first):
+            self.mismatch(f"utterance.done for utterance {utt}, which was never started")
+            return
+        expected = "cancelled" if utt in self.cancel_requested else "completed"
+        if status != expected:
+            self.mismatch(f"utterance {utt} ended {status!r}, expected {expected!r}")
+        self.utterance_status[utt] = (status, unit_end)
+
+    def cancel_sent(self, next_unit: int) -> None:
+        """`cancel` is going out: the current utterance ends, the next starts at `next_unit`."""
+        self.cancel_requested.add(self.current_utterance)
+        self.utterance_first.append(next_unit)
+
+    def cancel_unsent(self) -> None:
+        """The `cancel` never left (the socket was already gone): undo `cancel_sent`."""
+        self.utterance_first.pop()
+        self.cancel_requested.discard(self.current_utterance)
+
+    def disconnected(self) -> int:
+        """The socket is gone: drop audio of segments without `units.done` (the server replays them
+        with their original `seq`); returns the unit to resume from (`last_unit_index_received`)."""
+        replayed = [key for key in self.open_segments if key[2] > self.last_done_unit]
+        if replayed:
+            self.next_seq = min(min(self.open_segments[key].seqs) for key in replayed)
+            self.last_audio_utterance = min(key[0] for key in replayed)
+            for key in replayed:
+                self.discarded_samples += self.open_segments.pop(key).samples
+        return self.last_done_unit
+
+    def error(self, code: str) -> None:
+        """An `error` message, or a client-side failure (codes starting `client_`)."""
+        injected = (code in BACKPRESSURE_CODES and "backpressure" in self.injected) or (
+            code in RESUME_CODES and self.resumes_attempted > 0
+        )
+        (self.errors_injected if injected else self.errors_other)[code] += 1
+
+    def mismatch(self, note: str) -> None:
+        self.mismatches += 1
+        if len(self.notes) < MAX_MISMATCH_NOTES:
+            self.notes.append(note)
+
+    def _check_seq(self, seq: int, utt: int) -> None:
+        hole_by_cancel = any(self.last_audio_utterance <= u < utt for u in self.cancel_requested)
+        if seq < self.next_seq or (seq > self.next_seq and not hole_by_cancel):
+            self.mismatch(f"audio seq {seq}, expected {self.next_seq}")
+        self.next_seq = max(self.next_seq, seq + 1)
+        self.last_audio_utterance = utt
+
+    def _range_ok(self, what: str, utt: int, start: int, end: int) -> bool:
+        if not 0 <= start <= end < len(self.sent_at):
+            self.mismatch(f"{what} covers units {start}..{end}; units sent: 0..{len(self.sent_at) - 1}")
+            return False
+        if not 0 <= utt < len(self.utterance_first):
+            self.mismatch(f"{what} for utterance {utt}, which was never started")
+            return False
+        first = self.utterance_first[utt]
+        after = self.utterance_first[utt + 1] if utt + 1 < len(self.utterance_first) else len(self.sent_at)
+        if not first <= start <= end < after:
+            self.mismatch(f"{what} covers units {start}..{end}, outside utterance {utt} ({first}..{after - 1})")
+            return False
+        return True
+
+    # ---------------------------------------------------------------- reading
+
+    @property
+    def current_utterance(self) -> int:
+        return len(self.utterance_first) - 1
+
+    @property
+    def clean(self) -> bool:
+        return self.finished and self.failure is None
+
+    def cancelled_units(self) -> set[int]:
+        """Units of cancelled utterances (up to the server's `unit_end`) that were not spoken."""
+        out: set[int] = set()
+        for utt, (status, unit_end) in self.utterance_status.items():
+            if status == "cancelled":
+                out.update(i for i in range(self.utterance_first[utt], unit_end + 1) if i not in self.done_hits)
+        return out
+
+    def tally(self) -> UnitTally:
+        sent = len(self.sent_at)
+        received = sum(1 for i, n in self.done_hits.items() if n == 1)
+        duplicate = sum(1 for n in self.done_hits.values() if n > 1)
+        cancelled = len(self.cancelled_units())
+        missing = sent - received - duplicate - cancelled
+        return UnitTally(sent, received, missing, duplicate, cancelled, self.mismatches)
+
+    def unit_latencies(self) -> list[tuple[float, float]]:
+        """(send time, seconds to the first audio covering the unit) per unit that got audio."""
+        return [(self.sent_at[i], t - self.sent_at[i]) for i, t in sorted(self.first_audio_at.items())]
+
+    def ttfas(self) -> list[tuple[float, float]]:
+        """(send time of its first unit, seconds to its first audio) per utterance that got audio."""
+        out = []
+        for utt, t in sorted(self.utterance_first_audio.items()):
+            first = self.utterance_first[utt]
+            out.append((self.sent_at[first], t - self.sent_at[first]))
+        return out
+
+    @property
+    def audio_s(self) -> float:
+        kept = self.kept_samples + sum(s.samples for s in self.open_segments.values())
+        return kept / self.sample_rate if self.sample_rate else 0.0
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def windowed_ms(samples: Sequence[tuple[float, float]], span_s: float, window_s: float) -> dict[str, Any]:
+    """Summaries in ms of all samples, of those sent in the first `window_s` and in the last."""
+    return {
+        "all": summary([1000 * v for _, v in samples], digits=1),
+        "first": summary([1000 * v for t, v in samples if t < window_s], digits=1),
+        "last": summary([1000 * v for t, v in samples if t >= span_s - window_s], digits=1),
+    }
+
+
+def summarize(ledgers: Sequence[SessionLedger], sending_s: float) -> dict[str, Any]:
+    """The results section of the report, from every session's ledger."""
+    tallies = [ledger.tally() for ledger in ledgers]
+    units = {f.name: sum(getattr(t, f.name) for t in tallies) for f in fields(UnitTally)}
+    window = min(DRIFT_WINDOW_S, sending_s / 2)
+    injected: Counter[str] = Counter()
+    other: Counter[str] = Counter()
+    for ledger in ledgers:
+        injected.update(ledger.errors_injected)
+        other.update(ledger.errors_other)
+    return {
+        "sessions": len(ledgers),
+        "sessions_ok": sum(ledger.clean for ledger in ledgers),
+        "session_errors": sum(not ledger.clean for ledger in ledgers),
+        "failures": dict(Counter(ledger.failure for ledger in ledgers if ledger.failure)),
+        "units": units,
+        "mismatch_notes": [note for ledger in ledgers for note in ledger.notes][:MAX_MISMATCH_NOTES],
+        "resumes": {
+            "attempted": sum(ledger.resumes_attempted for ledger in ledgers),
+            "succeeded": sum(ledger.resumes_succeeded for ledger in ledgers),
+        },
+        "injected": dict(Counter(kind for ledger in ledgers for kind in ledger.injected)),
+        "cancels": sum(len(ledger.cancel_requested) for ledger in ledgers),
+        "backpressure_events": {
+            "pauses": sum("backpressure" in ledger.injected for ledger in ledgers),
+            "server_warnings": injected["backpressure"] + other["backpressure"],
+            "drops": injected["backpressure_drop"] + other["backpressure_drop"],
+        },
+        "errors": {"injected": dict(injected), "other": dict(other)},
+        "repeated_messages": sum(ledger.repeated_messages for ledger in ledgers),
+        "audio_s": round(sum(ledger.audio_s for ledger in ledgers), 3),
+        "audio_s_discarded": round(sum(ledger.discarded_samples / (ledger.sample_rate or 1) for ledger in ledgers), 3),
+        "bytes": sum(ledger.bytes for ledger in ledgers),
+        "drift_window_s": round(window, 3),
+        "ttfa_ms": windowed_ms([s for ledger in ledgers for s in ledger.ttfas()], sending_s, window),
+        "unit_latency_ms": windowed_ms([s for ledger in ledgers for s in ledger.unit_latencies()], sending_s, window),
+    }
+
+
+def markdown_table(results: Mapping[str, Any]) -> str:
+    """The run's summary as Markdown: counts, then TTFA and UnitLatency by window."""
+    u, r, e = results["units"], results["resumes"], results["errors"]
+    lines = [
+        "| sessions ok | units sent | received | missing | duplicate | mismatched | cancelled "
+        "| resumes ok | errors injected | errors other | audio s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| {results['sessions_ok']}/{results['sessions']} | {u['sent']} | {u['received']} | {u['missing']} "
+        f"| {u['duplicate']} | {u['mismatched']} | {u['cancelled']} | {r['succeeded']}/{r['attempted']} "
+        f"| {sum(e['injected'].values())} | {sum(e['other'].values())} | {results['audio_s']:.1f} |",
+        "",
+        "| metric (ms) | window | n | p50 | p95 | p99 |",
+        "|---|---|---|---|---|---|",
+    ]
+    window = f"{results['drift_window_s']:g} s"
+    for metric in ("ttfa_ms", "unit_latency_ms"):
+        for key, label in (("all", "whole run"), ("first", f"first {window}"), ("last", f"last {window}")):
+            s = results[metric][key]
+            lines.append(f"| {metric[:-3]} | {label} | {s['n']} | {s['p50']} | {s['p95']} | {s['p99']} |")
+    return "\n".join(lines)
