@@ -253,6 +253,7 @@ def test_unit_latency_and_ttfa_run_from_the_send_time():
     assert [t for t, _ in rows] == [0.0, 0.5, 1.0, 1.5]
     assert [latency for _, latency in rows] == pytest.approx([0.7, 0.2, 0.9, 0.4])
     assert ledger.ttfas() == [(0.0, 0.7)]
+    assert ledger.gateway_ttfas() == [(0.5, pytest.approx(0.2))]  # from unit 1, which completed the segment
 
 
 def test_drift_windows_split_by_send_time():

@@ -53,6 +53,7 @@ class SessionLedger:
         self.first_audio_at: dict[int, float] = {}
         self.utterance_first: list[int] = [0]  # first unit of each utterance, as this client opened them
         self.utterance_first_audio: dict[int, float] = {}
+        self.utterance_first_end: dict[int, int] = {}  # last unit of the first segment heard
         self.utterance_status: dict[int, tuple[str, int]] = {}
         self.cancel_requested: set[int] = set()
         self.open_segments: dict[tuple[int, int, int], _OpenSegment] = {}
@@ -92,6 +93,7 @@ class SessionLedger:
         for i in range(start, end + 1):
             self.first_audio_at.setdefault(i, t)
         self.utterance_first_audio.setdefault(utt, t)
+        self.utterance_first_end.setdefault(utt, end)
         segment = self.open_segments.setdefault((utt, start, end), _OpenSegment())
         segment.seqs.append(seq)
         segment.samples += int(header.get("samples", 0))
@@ -214,6 +216,15 @@ class SessionLedger:
             out.append((self.sent_at[first], t - self.sent_at[first]))
         return out
 
+    def gateway_ttfas(self) -> list[tuple[float, float]]:
+        """(send time, seconds) from the unit that completed an utterance's first segment (when
+        the gateway could start speaking it) to its first audio: TTFA less the wait for text."""
+        out = []
+        for utt, t in sorted(self.utterance_first_audio.items()):
+            ready = self.sent_at[self.utterance_first_end[utt]]
+            out.append((ready, t - ready))
+        return out
+
     @property
     def audio_s(self) -> float:
         kept = self.kept_samples + sum(s.samples for s in self.open_segments.values())
@@ -267,6 +278,19 @@ def summarize(ledgers: Sequence[SessionLedger], sending_s: float) -> dict[str, A
         "bytes": sum(ledger.bytes for ledger in ledgers),
         "drift_window_s": round(window, 3),
         "ttfa_ms": windowed_ms([s for ledger in ledgers for s in ledger.ttfas()], sending_s, window),
+        "gateway_ttfa_ms": windowed_ms([s for ledger in ledgers for s in ledger.gateway_ttfas()], sending_s, window),
+        "unit_latency_ms": windowed_ms([s for ledger in ledgers for s in ledger.unit_latencies()], sending_s, window),
+        "unfaulted": _latencies([ledger for ledger in ledgers if not ledger.injected], sending_s, window),
+    }
+
+
+def _latencies(ledgers: Sequence[SessionLedger], sending_s: float, window: float) -> dict[str, Any]:
+    """TTFA, gateway TTFA and UnitLatency of some sessions (e.g. those with no fault injected:
+    what the faults cost everyone else)."""
+    return {
+        "sessions": len(ledgers),
+        "ttfa_ms": windowed_ms([s for ledger in ledgers for s in ledger.ttfas()], sending_s, window),
+        "gateway_ttfa_ms": windowed_ms([s for ledger in ledgers for s in ledger.gateway_ttfas()], sending_s, window),
         "unit_latency_ms": windowed_ms([s for ledger in ledgers for s in ledger.unit_latencies()], sending_s, window),
     }
 
@@ -286,7 +310,7 @@ def markdown_table(results: Mapping[str, Any]) -> str:
         "|---|---|---|---|---|---|",
     ]
     window = f"{results['drift_window_s']:g} s"
-    for metric in ("ttfa_ms", "unit_latency_ms"):
+    for metric in ("ttfa_ms", "gateway_ttfa_ms", "unit_latency_ms"):
         for key, label in (("all", "whole run"), ("first", f"first {window}"), ("last", f"last {window}")):
             s = results[metric][key]
             lines.append(f"| {metric[:-3]} | {label} | {s['n']} | {s['p50']} | {s['p95']} | {s['p99']} |")
