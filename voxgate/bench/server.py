@@ -39,7 +39,8 @@ class ServerProcess:
     ) -> None:
         self.engine = engine
         self.wait_ready = wait_ready
-        self.env = {f"VOXGATE_{k}": str(v) for k, v in (env or {}).items()}
+        # The embedded LLM only where asked for (each server would load it otherwise).
+        self.env = {"VOXGATE_LLM_EMBEDDED": "false", **{f"VOXGATE_{k}": str(v) for k, v in (env or {}).items()}}
         self.ready_timeout = ready_timeout
         self.url = ""
         self.log: deque[str] = deque(maxlen=400)

@@ -24,6 +24,7 @@ from voxgate import __version__
 from voxgate.config import Settings
 from voxgate.engines.base import Engine
 from voxgate.serving.http import router
+from voxgate.serving.llm import router as llm_router
 from voxgate.serving.metrics import Metrics
 from voxgate.serving.protocol import describe_validation, error_body
 from voxgate.serving.state import ServerState
@@ -34,7 +35,8 @@ from voxgate.types import RequestTooLarge, Unauthorized, VoxgateError
 log = logging.getLogger(__name__)
 _OPEN_PATHS = ("/healthz",)
 _SAFE_ID = re.compile(rb"[A-Za-z0-9._:-]+")
-_KNOWN_PATHS = ("/tts/stream", "/v1/audio/speech", "/v1/voices", "/healthz", "/metrics", "/debug/timings")
+_KNOWN_PATHS = ("/tts/stream", "/v1/audio/speech", "/v1/voices", "/healthz", "/metrics", "/debug/timings",
+                "/v1/chat/completions")  # fmt: skip
 
 
 def create_app(
@@ -64,6 +66,7 @@ def create_app(
     app.state.ws_gateway = Gateway(state)
     app.include_router(router)
     app.include_router(ws_router)
+    app.include_router(llm_router)
     _install_error_handlers(app, state.metrics)
     app.add_middleware(RequestGate, settings=settings, metrics=state.metrics)
     return app

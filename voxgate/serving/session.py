@@ -39,6 +39,7 @@ class Segment:
     text: str
     unit_start: int
     unit_end: int
+    queued_at: float = 0.0  # when it became speakable (the caller's clock)
 
 
 @dataclass(slots=True)
@@ -52,6 +53,8 @@ class Entry:
     utterance: int
     key: float
     first: bool = False  # the first audio of its segment
+    ready_at: float | None = None  # for a segment's first audio: when the segment was queued
+    opens_utterance: bool = False  # the first audio of its utterance
 
     @property
     def size(self) -> int:
@@ -104,22 +107,23 @@ class Session:
         self._pending.append(msg.text)
         self.next_unit += units
         if _SENTENCE_END.search(msg.text) or self.next_unit - self._pending_start >= self.config.max_pending_units:
-            self.flush()
+            self.flush(now)
 
-    def flush(self) -> None:
-        """Pending text becomes a segment (if it holds any units)."""
+    def flush(self, now: float | None = None) -> None:
+        """Pending text becomes a segment (if it holds any units); `now` stamps it."""
         text = "".join(self._pending)
         if self.next_unit > self._pending_start and text.strip():
-            self._queue.append(Segment(self.utterance, text.strip(), self._pending_start, self.next_unit - 1))
+            at = self.last_delta_at if now is None else now
+            self._queue.append(Segment(self.utterance, text.strip(), self._pending_start, self.next_unit - 1, at))
         self._pending.clear()
         self._pending_start = self.next_unit
 
     def idle_flush_due(self, now: float, idle_s: float) -> bool:
         return bool(self._pending) and now - self.last_delta_at >= idle_s
 
-    def end(self) -> None:
+    def end(self, now: float | None = None) -> None:
         """text.end: speak what is pending, then close the utterance."""
-        self.flush()
+        self.flush(now)
         self.open = self.ending = True
         self._maybe_finish_utterance()
 
@@ -166,7 +170,10 @@ class Session:
         self._seq += 1
         self.audio_samples += samples
         entry = self._append(header, payload, segment.utterance, segment.unit_end)
-        entry.first, self._last_audio_of = segment is not self._last_audio_of, segment
+        if segment is not self._last_audio_of:
+            entry.first, entry.ready_at = True, segment.queued_at
+            entry.opens_utterance = self._last_audio_of is None or self._last_audio_of.utterance != segment.utterance
+            self._last_audio_of = segment
 
     def segment_done(self, segment: Segment, error: tuple[str, str] | None = None) -> None:
         """The engine finished the segment (or failed: `error` = (code, message))."""

@@ -23,6 +23,7 @@ from voxgate.types import (
     Timing,
     UnknownVoice,
     VoiceInfo,
+    VoxgateError,
 )
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class ServerState:
     limiter: StreamLimiter = field(init=False)
     executor: ThreadPoolExecutor = field(init=False)
     timings: deque[dict[str, Any]] = field(init=False)
+    llm: Any = None  # the embedded LLM (voxgate.bridge.embedded.EmbeddedLLM), when started
+    llm_error: str | None = None  # why there is no LLM
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -77,6 +80,7 @@ class ServerState:
             self.startup_error = f"{type(exc).__name__}: {exc}"
             log.exception("start-up failed")
             return
+        self._start_llm()
         counters = getattr(self.engine, "counters", None)
         if callable(counters):
             self.metrics.watch_engine(counters)
@@ -85,6 +89,27 @@ class ServerState:
         log.info(
             "ready in %.2f s (engine=%s, %d starters)", time.perf_counter() - t0, self.engine.name, len(self.starters)
         )
+
+    def _start_llm(self) -> None:
+        """The embedded LLM, unless an external one is configured or it is switched off; a
+        failure here leaves TTS serving and is reported by /v1/chat/completions."""
+        s = self.settings
+        if s.llm_url or not s.llm_embedded:
+            return
+        from voxgate.bridge.embedded import EmbeddedLLM
+
+        try:
+            self.llm = EmbeddedLLM(s.llm_model_path, s.llm_context, s.llm_parallel)
+            self.llm.start()
+        except VoxgateError as exc:
+            self.llm, self.llm_error = None, exc.message
+            log.warning("embedded LLM not started: %s", exc.message)
+
+    def llm_url(self) -> str | None:
+        """The OpenAI-compatible base URL the bridge and /v1/chat/completions use."""
+        if self.settings.llm_url:
+            return self.settings.llm_url
+        return self.llm.url if self.llm is not None else None
 
     def _fill_starters(self, engine: Engine) -> None:
         voice = self.default_voice()
@@ -106,6 +131,8 @@ class ServerState:
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.llm is not None:
+            self.llm.close()
         if self.engine is not None:
             self.engine.close()
 
@@ -157,6 +184,15 @@ class ServerState:
         check_request(engine, request)
         rate = check_output(fmt, sample_rate, engine.sample_rate)
         return StreamPlan(request, fmt, rate)  # type: ignore[arg-type]
+
+    def record_first_audio(self, endpoint: str, request_id: str, latency_s: float, opens_utterance: bool) -> None:
+        """A WebSocket segment's first audio written: from the segment becoming speakable (its
+        last unit received, or a flush) to its first audio bytes handed to the socket. The
+        first segment of an utterance is that utterance's TTFA (`voxgate_ttfa_seconds`)."""
+        if opens_utterance:
+            self.metrics.ttfa.labels(endpoint, "false").observe(latency_s)
+        self.timings.append({"request_id": request_id, "endpoint": endpoint, "status": "first_audio",
+                             "opens_utterance": opens_utterance, "ttfa_ms": round(latency_s * 1000, 3)})  # fmt: skip
 
     def record(self, endpoint: str, request_id: str, timing: Timing, status: str, starter: bool) -> None:
         """Export one finished stream: metrics, the timings ring and a log line."""

@@ -154,12 +154,13 @@ class Gateway:
         if live is None:
             raise ProtocolError("no_session", "send session.start first")
         session = live.session
+        now = time.perf_counter()
         if isinstance(message, TextDelta):
-            session.delta(message, time.monotonic())
+            session.delta(message, now)
         elif isinstance(message, Bare) and message.type == "text.flush":
-            session.flush()
+            session.flush(now)
         elif isinstance(message, Bare) and message.type == "text.end":
-            session.end()
+            session.end(now)
         elif isinstance(message, Bare) and message.type == "session.end":
             session.finish()
         elif isinstance(message, Bare) and message.type == "cancel":
@@ -284,6 +285,11 @@ class Gateway:
                         await websocket.send_text(frame)
                 s.mark_sent()
                 live.room.set()
+                if entry.ready_at is not None:  # a segment's first audio is out: server-side latency
+                    self.state.record_first_audio(
+                        "/v1/tts/ws", f"{s.session_id}:{entry.message['unit_start']}",
+                        time.perf_counter() - entry.ready_at, entry.opens_utterance,
+                    )  # fmt: skip
         except asyncio.CancelledError:
             raise
         except Exception:  # the socket broke: the reader sees the disconnect and detaches
@@ -325,8 +331,8 @@ class Gateway:
                     live.work.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(live.work.wait(), timeout=min(idle, 0.2))
-                    if s.idle_flush_due(time.monotonic(), idle):
-                        s.flush()
+                    if s.idle_flush_due(time.perf_counter(), idle):
+                        s.flush(time.perf_counter())
                     continue
                 await self._speak(live, segment)
                 live.wake.set()

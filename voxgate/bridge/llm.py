@@ -1,0 +1,154 @@
+"""A client for OpenAI-compatible streaming chat completions (vLLM, SGLang, llama.cpp's
+server, OpenAI, and voxgate's own embedded `/v1/chat/completions`).
+
+`LLMClient.stream(messages)` yields the reply's text deltas as they arrive. A server that
+is down, answers with an error, or says nothing for `first_token_timeout_s` is retried
+(`retries` times, with a short backoff) only until the first token: after that a retry
+would repeat words already spoken, so a failure mid-reply raises. Every failure is a typed
+`LLMError` with a clear message. `Conversation` keeps the multi-turn history, recording of
+each assistant turn only what was actually spoken (after a barge-in, the truncated text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from voxgate.types import VoxgateError
+
+
+class LLMError(VoxgateError):
+    """The LLM server failed; `code` says how."""
+
+    status = 502
+    code = "llm_error"
+
+
+class LLMUnavailable(LLMError):
+    code = "llm_unavailable"
+
+
+class LLMBadResponse(LLMError):
+    code = "llm_bad_response"
+
+
+class LLMTimeout(LLMError):
+    code = "llm_timeout"
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    base_url: str  # e.g. http://127.0.0.1:8000/v1
+    model: str = "default"
+    api_key: str | None = None
+    connect_timeout_s: float = 5.0
+    first_token_timeout_s: float = 30.0
+    idle_timeout_s: float = 30.0  # longest silence between two deltas once the reply started
+    retries: int = 2
+    temperature: float | None = None
+    max_tokens: int | None = None
+
+
+class LLMClient:
+    def __init__(self, config: LLMConfig, http: httpx.AsyncClient | None = None) -> None:
+        self.config = config
+        self._http = http or httpx.AsyncClient(timeout=httpx.Timeout(config.idle_timeout_s,
+                                                                     connect=config.connect_timeout_s))  # fmt: skip
+        self._owns_http = http is None
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def stream(self, messages: list[dict[str, str]]) -> AsyncIterator[str]:
+        """The reply's text deltas; retries before the first one only."""
+        attempt = 0
+        while True:
+            started = False
+            try:
+                async for delta in self._attempt(messages):
+                    started = True
+                    yield delta
+                return
+            except LLMError as exc:
+                if started or attempt >= self.config.retries or isinstance(exc, LLMBadResponse):
+                    raise
+            attempt += 1
+            await asyncio.sleep(0.2 * attempt)
+
+    async def _attempt(self, messages: list[dict[str, str]]) -> AsyncIterator[str]:
+        url = self.config.base_url.rstrip("/") + "/chat/completions"
+        body: dict[str, Any] = {"model": self.config.model, "messages": messages, "stream": True}
+        if self.config.temperature is not None:
+            body["temperature"] = self.config.temperature
+        if self.config.max_tokens is not None:
+            body["max_tokens"] = self.config.max_tokens
+        headers = {"authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        try:
+            async with self._http.stream("POST", url, json=body, headers=headers) as response:
+                if response.status_code != 200:
+                    text = (await response.aread()).decode(errors="replace")[:300]
+                    kind = LLMUnavailable if response.status_code >= 500 else LLMBadResponse
+                    raise kind(f"the LLM server at {url} answered {response.status_code}: {text}")
+                lines = response.aiter_lines()
+                first = True
+                while True:
+                    timeout = self.config.first_token_timeout_s if first else self.config.idle_timeout_s
+                    try:
+                        line = await asyncio.wait_for(anext(lines), timeout)
+                    except StopAsyncIteration:
+                        raise LLMBadResponse(f"the LLM stream from {url} ended without [DONE]") from None
+                    except TimeoutError:
+                        raise LLMTimeout(f"the LLM server at {url} sent nothing for {timeout:g} s") from None
+                    delta = _parse_line(line, url)
+                    if delta is _DONE:
+                        return
+                    if delta:
+                        first = False
+                        yield delta
+        except httpx.TransportError as exc:
+            raise LLMUnavailable(f"cannot reach the LLM server at {url}: {type(exc).__name__}: {exc}") from None
+
+
+_DONE = object()
+
+
+def _parse_line(line: str, url: str) -> Any:
+    """One server-sent-events line -> text delta ('' for none), or _DONE."""
+    line = line.strip()
+    if not line or line.startswith(":") or not line.startswith("data:"):
+        return ""  # blank keep-alives, comments, other SSE fields
+    data = line[5:].strip()
+    if data == "[DONE]":
+        return _DONE
+    try:
+        event = json.loads(data)
+        if "error" in event:
+            raise LLMBadResponse(f"the LLM server at {url} reported: {event['error']}")
+        choices = event.get("choices") or [{}]
+        return choices[0].get("delta", {}).get("content") or ""
+    except (ValueError, AttributeError, TypeError, IndexError):
+        raise LLMBadResponse(f"the LLM server at {url} sent an unreadable event: {data[:200]!r}") from None
+
+
+@dataclass
+class Conversation:
+    """Multi-turn history in the chat-completions message format."""
+
+    system: str | None = None
+    max_turns: int = 20
+    turns: list[dict[str, str]] = field(default_factory=list)
+
+    def messages(self, user: str) -> list[dict[str, str]]:
+        """The request for a new user turn (not yet recorded)."""
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return [*head, *self.turns[-2 * self.max_turns :], {"role": "user", "content": user}]
+
+    def record(self, user: str, spoken: str) -> None:
+        """The finished turn: what the user said and what of the reply was actually heard."""
+        self.turns += [{"role": "user", "content": user}, {"role": "assistant", "content": spoken}]
