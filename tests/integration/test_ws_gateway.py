@@ -71,7 +71,7 @@ def _covered(messages: list[dict]) -> list[int]:
 
 
 def test_a_session_speaks_every_unit_once_and_reuses_the_socket(gateway):
-    async def run() -> None:
+    async def run() -> str:
         async with websockets.connect(_ws(gateway)) as ws:
             c = Client(ws)
             await c.send(type="session.start", max_pending_units=4)
@@ -92,8 +92,13 @@ def test_a_session_speaks_every_unit_once_and_reuses_the_socket(gateway):
         assert [m["seq"] for m in audio] == list(range(len(audio)))
         assert all(m["bytes"] == 2 * m["samples"] for m in audio)
         assert [m["utterance"] for m in c.of("units.done")][-1] == 1
+        return started["session_id"]
 
-    asyncio.run(run())
+    session_id = asyncio.run(run())
+    timings = httpx.get(gateway.url + "/debug/timings?last=1000", headers={"authorization": "Bearer k1"}).json()
+    ours = [t for t in timings["timings"] if t["request_id"].startswith(session_id)]
+    assert len(ours) == 5 and sum(t["opens_utterance"] for t in ours) == 2  # a record per segment, 2 utterances
+    assert all(0 <= t["ttfa_ms"] < 5000 for t in ours)
 
 
 def test_base64_audio_and_mulaw_at_8k(gateway):
