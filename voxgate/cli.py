@@ -141,6 +141,15 @@ def cmd_load(args: argparse.Namespace) -> int:
     return run_load(args)
 
 
+def cmd_protocol_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from voxgate.serving.wsproto import schema
+
+    print(json.dumps(schema(), indent=2, sort_keys=True))
+    return 0
+
+
 def cmd_make_random_checkpoint(args: argparse.Namespace) -> int:
     from voxgate.engines.qwen3.checkpoint import make_random_checkpoint
 
@@ -197,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     load = sub.add_parser("load", help="WebSocket gateway load test with fault injection (a running server)")
     add_load_arguments(load)
     load.set_defaults(func=cmd_load)
+
+    schema = sub.add_parser("protocol-schema", help="JSON schema of the WebSocket protocol's client messages")
+    schema.set_defaults(func=cmd_protocol_schema)
 
     from voxgate.engines.qwen3.checkpoint import MODELS
 

@@ -195,3 +195,13 @@ def test_fuzzed_messages_give_typed_errors_and_keep_the_session_consistent(frame
         _speak_all(s)
         _drain(s)
         assert s.next_unit == accepted_units and s.unsent_bytes == 0
+
+
+def test_the_committed_json_schema_is_the_codes():
+    import json
+    from pathlib import Path
+
+    from voxgate.serving.wsproto import schema
+
+    committed = json.loads((Path(__file__).parents[2] / "docs" / "protocol.schema.json").read_text())
+    assert committed == json.loads(json.dumps(schema())), "run: voxgate protocol-schema > docs/protocol.schema.json"
