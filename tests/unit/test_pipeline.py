@@ -1,0 +1,111 @@
+"""The reply pipeline with the real tone engine behind real engine streams; the LLM side is a
+scripted stream of text deltas (the input, not a stand-in for any part under test)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from voxgate.bridge.pipeline import ReplyPipeline
+from voxgate.config import Settings
+from voxgate.engines.registry import create_engine
+from voxgate.serving.stream import EngineStream
+from voxgate.types import SynthesisRequest
+
+REPLY = "Sure, here it is. The first sentence is short. Then a second one follows it. And the last one ends."
+
+
+async def _deltas(text: str, pause: float = 0.005, fail_after: int | None = None) -> AsyncIterator[str]:
+    for i, word in enumerate(text.split(" ")):
+        if fail_after is not None and i == fail_after:
+            raise ConnectionError("the LLM went away")
+        yield word + " "
+        await asyncio.sleep(pause)
+
+
+class Synth:
+    """Engine streams of the tone engine, with a log of when each was opened."""
+
+    def __init__(self) -> None:
+        self.engine = create_engine("tone", Settings(engine="tone", tone_delay_ms=2))
+        self.executor = ThreadPoolExecutor(8)
+        self.voice = self.engine.voices()[0].id
+        self.streams: list[EngineStream] = []
+        self.log: list[tuple[str, str]] = []
+
+    def __call__(self, text: str) -> EngineStream:
+        self.log.append(("open", text))
+        stream = EngineStream(self.engine, SynthesisRequest(text=text, voice=self.voice), self.executor)
+        self.streams.append(stream)
+        return stream
+
+
+def test_segments_are_spoken_in_order_and_the_next_one_is_synthesised_early():
+    synth = Synth()
+
+    async def run() -> tuple[ReplyPipeline, list[str]]:
+        pipeline = ReplyPipeline(synth)
+        order = []
+        async for segment, _chunk in pipeline.run(_deltas(REPLY, pause=0)):
+            synth.log.append(("chunk", segment.text))
+            if not order or order[-1] != segment.text:
+                order.append(segment.text)
+        return pipeline, order
+
+    pipeline, order = asyncio.run(run())
+    assert " ".join(order).split() == REPLY.split() and pipeline.spoken().split() == REPLY.split()
+    assert order[0] == "Sure," and pipeline.stats.segments == len(order)
+    last_chunk = {text: i for i, (what, text) in enumerate(synth.log) if what == "chunk"}
+    for previous, text in itertools.pairwise(order):  # overlap: opened while the previous was handed out
+        assert synth.log.index(("open", text)) < last_chunk[previous]
+
+
+def test_cancel_stops_within_a_chunk_and_reports_what_was_spoken():
+    synth = Synth()
+
+    async def run() -> tuple[ReplyPipeline, int]:
+        pipeline = ReplyPipeline(synth)
+        chunks = 0
+        async for segment, _chunk in pipeline.run(_deltas(REPLY)):
+            chunks += 1
+            if segment.text.startswith("The first"):
+                pipeline.cancel()
+        return pipeline, chunks
+
+    pipeline, _ = asyncio.run(run())
+    assert pipeline.spoken() == "Sure, here it is. The first sentence is short."  # the cut segment counts
+    assert all(stream.token.cancelled for stream in synth.streams)
+
+
+def test_latest_drops_stale_main_segments_but_keeps_the_first_and_the_last():
+    synth = Synth()
+
+    async def run() -> tuple[ReplyPipeline, list[str]]:
+        pipeline = ReplyPipeline(synth, policy="latest")
+        spoken: list[str] = []
+        async for segment, _chunk in pipeline.run(_deltas(REPLY, pause=0)):
+            if not spoken or spoken[-1] != segment.text:
+                spoken.append(segment.text)
+            await asyncio.sleep(0.02)  # a slow listener
+        return pipeline, spoken
+
+    pipeline, spoken = asyncio.run(run())
+    assert spoken[0] == "Sure," and spoken[-1].endswith("ends.")
+    assert pipeline.stats.dropped >= 1 and len(spoken) == pipeline.stats.segments
+
+
+def test_an_llm_failure_mid_reply_speaks_what_came_then_raises():
+    synth = Synth()
+
+    async def run(pipeline: ReplyPipeline) -> None:
+        async for _ in pipeline.run(_deltas(REPLY, fail_after=9)):
+            pass
+
+    pipeline = ReplyPipeline(synth)
+    with pytest.raises(ConnectionError):
+        asyncio.run(run(pipeline))
+    assert pipeline.spoken().startswith("Sure, here it is. The first sentence is short.")

@@ -1,0 +1,152 @@
+"""LLM reply -> speech, overlapped: the reply's text deltas go through the segmenter while the
+LLM is still writing (producer), and the segments are synthesised and handed out in order
+(consumer), the next segment's synthesis starting while the current one is still being
+handed out. `cancel()` (barge-in) stops the LLM stream and every engine stream at once and
+`spoken()` says what was handed out, for the conversation history.
+
+Backpressure policy, when segments arrive faster than they are spoken: `block` (default)
+keeps them all and speaks them in turn; `latest` drops main segments waiting behind newer
+ones (a stale sentence is not worth the delay), never the starter or the final segment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from voxgate.bridge.segmenter import Segment, Segmenter
+from voxgate.types import AudioChunk
+
+Policy = Literal["block", "latest"]
+
+
+class ChunkStream(Protocol):
+    """What the pipeline needs of an engine stream (`serving.stream.EngineStream` is one)."""
+
+    async def next(self) -> AudioChunk | None: ...
+
+    def cancel(self, reason: str) -> None: ...
+
+
+@dataclass
+class PipelineStats:
+    segments: int = 0
+    dropped: int = 0
+    queue_peak: int = 0
+    triggers: dict[str, int] = field(default_factory=dict)
+
+
+class ReplyPipeline:
+    def __init__(
+        self,
+        synthesise: Callable[[str], ChunkStream],
+        segmenter: Segmenter | None = None,
+        policy: Policy = "block",
+    ) -> None:
+        self.synthesise = synthesise
+        self.segmenter = segmenter or Segmenter()
+        self.policy = policy
+        self.stats = PipelineStats()
+        self._queue: deque[Segment] = deque()
+        self._arrived = asyncio.Event()
+        self._llm_done = False
+        self._cancelled = False
+        self._streams: list[ChunkStream] = []
+        self._producer: asyncio.Task[None] | None = None
+        self._spoken: list[str] = []  # text of segments handed out whole
+        self._partial: str = ""  # the segment being handed out when cancelled
+        self.error: BaseException | None = None  # the LLM stream's failure, if any
+
+    async def run(self, deltas: AsyncIterator[str]) -> AsyncIterator[tuple[Segment, AudioChunk]]:
+        """(segment, chunk) in reply order until the reply is spoken or `cancel()`."""
+        self._producer = asyncio.get_running_loop().create_task(self._produce(deltas))
+        try:
+            current = await self._next_segment()
+            upcoming: tuple[Segment, ChunkStream] | None = None
+            stream = self._open(current) if current else None
+            while current is not None and stream is not None and not self._cancelled:
+                while (chunk := await stream.next()) is not None and not self._cancelled:
+                    if upcoming is None and self._queue:  # overlap: the next segment starts now
+                        nxt = self._take()
+                        upcoming = (nxt, self._open(nxt)) if nxt else None
+                    self._partial = current.text
+                    yield current, chunk
+                if self._cancelled:
+                    break
+                self._spoken.append(current.text)
+                self._partial = ""
+                if upcoming is None:
+                    nxt = await self._next_segment()
+                    upcoming = (nxt, self._open(nxt)) if nxt else None
+                current, stream = upcoming if upcoming else (None, None)
+                upcoming = None
+        finally:
+            self.cancel() if self._cancelled else self._stop_producer()
+            if self.error is not None and not self._cancelled:
+                raise self.error
+
+    def cancel(self) -> None:
+        """Barge-in: stop the LLM stream and all synthesis now."""
+        self._cancelled = True
+        for stream in self._streams:
+            stream.cancel("barge_in")
+        self._stop_producer()
+        self._arrived.set()
+
+    def spoken(self) -> str:
+        """The reply as far as it was handed out (a cut segment included up to where it stopped)."""
+        return " ".join([*self._spoken, *([self._partial] if self._partial else [])])
+
+    # ------------------------------------------------------------------ inside
+
+    async def _produce(self, deltas: AsyncIterator[str]) -> None:
+        try:
+            async for delta in deltas:
+                self._add(self.segmenter.push(delta))
+            self._add(self.segmenter.flush())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # what arrived is still spoken; the consumer raises after it
+            self.error = exc
+            self._add(self.segmenter.flush())
+        finally:
+            self._llm_done = True
+            self._arrived.set()
+
+    def _add(self, segments: list[Segment]) -> None:
+        for segment in segments:
+            self.stats.triggers[segment.trigger] = self.stats.triggers.get(segment.trigger, 0) + 1
+            if self.policy == "latest":
+                stale = [s for s in self._queue if s.kind == "main"]
+                self.stats.dropped += len(stale)
+                self._queue = deque(s for s in self._queue if s.kind != "main")
+            self._queue.append(segment)
+            self.stats.queue_peak = max(self.stats.queue_peak, len(self._queue))
+        if segments:
+            self._arrived.set()
+
+    def _take(self) -> Segment | None:
+        return self._queue.popleft() if self._queue else None
+
+    async def _next_segment(self) -> Segment | None:
+        while not self._queue and not self._llm_done and not self._cancelled:
+            self._arrived.clear()
+            await self._arrived.wait()
+        return None if self._cancelled else self._take()
+
+    def _open(self, segment: Segment) -> ChunkStream:
+        self.stats.segments += 1
+        stream = self.synthesise(segment.text)
+        self._streams.append(stream)
+        return stream
+
+    def _stop_producer(self) -> None:
+        if self._producer is not None and not self._producer.done():
+            self._producer.cancel()
+        with contextlib.suppress(Exception):
+            for stream in self._streams:
+                stream.cancel("done")
