@@ -97,6 +97,10 @@ class ReplyPipeline:
         self._stop_producer()
         self._arrived.set()
 
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
     def spoken(self) -> str:
         """The reply as far as it was handed out (a cut segment included up to where it stopped)."""
         return " ".join([*self._spoken, *([self._partial] if self._partial else [])])

@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from voxgate import __version__
 from voxgate.config import Settings
 from voxgate.engines.base import Engine
+from voxgate.serving.bridge import router as bridge_router
 from voxgate.serving.http import router
 from voxgate.serving.llm import router as llm_router
 from voxgate.serving.metrics import Metrics
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 _OPEN_PATHS = ("/healthz",)
 _SAFE_ID = re.compile(rb"[A-Za-z0-9._:-]+")
 _KNOWN_PATHS = ("/tts/stream", "/v1/audio/speech", "/v1/voices", "/healthz", "/metrics", "/debug/timings",
-                "/v1/chat/completions")  # fmt: skip
+                "/v1/chat/completions", "/v1/bridge/stream")  # fmt: skip
 
 
 def create_app(
@@ -67,6 +68,7 @@ def create_app(
     app.include_router(router)
     app.include_router(ws_router)
     app.include_router(llm_router)
+    app.include_router(bridge_router)
     _install_error_handlers(app, state.metrics)
     app.add_middleware(RequestGate, settings=settings, metrics=state.metrics)
     return app
