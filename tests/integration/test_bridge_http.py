@@ -43,6 +43,9 @@ def test_a_reply_is_spoken_segment_by_segment_while_the_llm_writes(bridge):
     assert done["spoken"].split() == " ".join(s["text"] for s in segments).split()
     audio = b"".join(base64.b64decode(e["data"]) for e in events if e["type"] == "audio")
     assert len(audio) > 0 and len(audio) % 2 == 0
+    t = done["timings_ms"]
+    assert 0 < t["llm_first_token"] <= t["first_segment"] <= t["first_audio"] and "cancel_to_silence" not in t
+    assert 'voxgate_bridge_seconds_count{stage="first_audio"}' in httpx.get(bridge.url + "/metrics").text
 
 
 def test_stop_ends_the_reply_at_once_and_says_what_was_spoken(bridge):
@@ -57,7 +60,7 @@ def test_stop_ends_the_reply_at_once_and_says_what_was_spoken(bridge):
         ended = time.perf_counter()
     done = events[-1]
     assert done["type"] == "done" and done["status"] == "cancelled" and done["spoken"]
-    assert ended - stopped_at < 1.0
+    assert ended - stopped_at < 1.0 and 0 <= done["timings_ms"]["cancel_to_silence"] < 1000
     assert httpx.post(f"{bridge.url}/v1/bridge/{reply_id}/stop").status_code == 404  # it is over
 
 

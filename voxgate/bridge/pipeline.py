@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ class ReplyPipeline:
         self._spoken: list[str] = []  # text of segments handed out whole
         self._partial: str = ""  # the segment being handed out when cancelled
         self.error: BaseException | None = None  # the LLM stream's failure, if any
+        self.stopped_at: float | None = None  # perf_counter() of the first cancel()
 
     async def run(self, deltas: AsyncIterator[str]) -> AsyncIterator[tuple[Segment, AudioChunk]]:
         """(segment, chunk) in reply order until the reply is spoken or `cancel()`."""
@@ -91,6 +93,8 @@ class ReplyPipeline:
 
     def cancel(self) -> None:
         """Barge-in: stop the LLM stream and all synthesis now."""
+        if not self._cancelled:
+            self.stopped_at = time.perf_counter()
         self._cancelled = True
         for stream in self._streams:
             stream.cancel("barge_in")

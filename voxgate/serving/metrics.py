@@ -39,6 +39,11 @@ class Metrics:
         self.starter_hits = Counter("voxgate_starter_cache_hits_total", "Requests served a cached opener.",
                                     registry=r)  # fmt: skip
         self.ready = Gauge("voxgate_ready", "1 once warm-up has finished.", registry=r)
+        self.bridge = Histogram(
+            "voxgate_bridge_seconds", "LLM-to-speech replies: request in to LLM first token / first segment / "
+            "first audio, and stop to the last audio written (cancel_to_silence).", ["stage"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
         self.ws_sessions = Gauge("voxgate_ws_sessions", "WebSocket sessions held (attached or awaiting resume).",
                                  registry=r)  # fmt: skip
         self.ws_detached = Gauge("voxgate_ws_sessions_detached", "WebSocket sessions awaiting a resume.", registry=r)
