@@ -61,7 +61,7 @@ def _replies(request: Request) -> dict[str, ReplyPipeline]:
 async def bridge_stream(request: Request) -> Response:
     state: ServerState = request.app.state.voxgate
     body = parse_body(BridgeBody, await request.body())
-    plan = state.plan(text="a", voice=body.voice, fmt="pcm", sample_rate=None, language=body.language)
+    plan = state.voice_plan(body.voice, "pcm", None, body.language)
     base = state.llm_url()
     if base is None:
         return JSONResponse(error_body("llm_unavailable", state.llm_error or "no LLM is configured"), status_code=503)

@@ -185,6 +185,11 @@ class ServerState:
         rate = check_output(fmt, sample_rate, engine.sample_rate)
         return StreamPlan(request, fmt, rate)  # type: ignore[arg-type]
 
+    def voice_plan(self, voice: str | None, fmt: str, sample_rate: int | None, language: str | None) -> StreamPlan:
+        """`plan` for text that comes later (WebSocket sessions, bridge replies): checks the
+        voice, language and output now; each segment's text replaces the placeholder."""
+        return self.plan(text="-", voice=voice, fmt=fmt, sample_rate=sample_rate, language=language)
+
     def record_first_audio(self, endpoint: str, request_id: str, latency_s: float, opens_utterance: bool) -> None:
         """A WebSocket segment's first audio written: from the segment becoming speakable (its
         last unit received, or a flush) to its first audio bytes handed to the socket. The

@@ -178,8 +178,7 @@ class Gateway:
         if len(self.sessions) >= self.settings.ws_max_sessions:
             raise ProtocolError("too_many_sessions", f"the server holds {len(self.sessions)} sessions", fatal=True)
         fmt = {"pcm16": "pcm", "mulaw": "mulaw"}.get(start.format, start.format)
-        plan = self.state.plan(text="a", voice=start.voice, fmt=fmt, sample_rate=start.sample_rate,
-                               language=start.language)  # fmt: skip  # checks voice, language, format
+        plan = self.state.voice_plan(start.voice, fmt, start.sample_rate, start.language)
         session_id = uuid.uuid4().hex
         session = Session(session_id, start, plan.sample_rate, self.settings.ws_replay_bytes)
         live = Live(session, plan, omni=omni)
