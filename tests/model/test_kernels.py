@@ -82,3 +82,97 @@ def test_the_talker_on_fused_kernels_draws_the_reference_codes(ours):
     batched.admit(1, prompt, params, seed=0)
     codes = [torch.from_numpy(batched.step(2, [1]).codes[1]) for _ in range(2)]
     assert torch.equal(torch.stack(codes), expected)
+
+
+def _settings(n: int):
+    from voxgate.engines.qwen3.fused_sampler import RowSettings
+
+    do_sample = torch.tensor([True, True, False, True, True][:n], device=DEVICE)
+    temperature = torch.tensor([[0.9], [1.0], [0.9], [0.5], [1.3]][:n], device=DEVICE)
+    top_k = torch.tensor([50, 10, 50, 1, 30][:n], device=DEVICE)
+    top_p = torch.tensor([1.0, 0.8, 1.0, 1.0, 0.5][:n], device=DEVICE)
+    return RowSettings(do_sample, temperature, top_k, top_p)
+
+
+@pytest.mark.parametrize("nucleus", [False, True])
+def test_fused_sampler_draws_what_sample_rows_draws_and_gathers_the_embeddings(nucleus):
+    from voxgate.engines.qwen3 import fused_sampler as fs
+    from voxgate.engines.qwen3.sampling import hashed_gumbel, sample_rows
+
+    b, v, width, h = 5, 2048, 50, 48
+    logits = _randn(b, v)  # float32: no equal scores (bf16 has ties, whose order torch.topk leaves open)
+    noise = hashed_gumbel(torch.arange(b, device=DEVICE), torch.arange(b * 16, device=DEVICE).view(b, 16), width)
+    settings = _settings(b)
+    # bf16 embeddings on the GPU; Triton's interpreter rounds float32 -> bf16 towards zero
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    table, earlier = _randn(v, h, seed=1).to(dtype), _randn(b, h, seed=2).to(dtype)
+    codes = torch.zeros(b, 16, dtype=torch.long, device=DEVICE)
+    following, frame = torch.zeros(b, 2, h, dtype=dtype, device=DEVICE), earlier.clone()
+    fs.sample_codes(logits, noise[:, 3], settings, width, nucleus, codes[:, 5], table, following[:, 1], frame,
+                    fs.FRAME_ADD)  # fmt: skip
+    expected = sample_rows(logits.float(), noise[:, 3], *(getattr(settings, f) for f in settings.__slots__), width,
+                           nucleus)  # fmt: skip
+    assert torch.equal(codes[:, 5], expected) and not codes[:, :5].any() and not codes[:, 6:].any()
+    assert torch.equal(following[:, 1], table[expected]) and not following[:, 0].any()
+    assert torch.equal(frame, earlier + table[expected])  # rounded like the PyTorch sum
+    if not nucleus:  # greedy rows take the best id; rows with top_k 1 too; equal scores: the lower id
+        assert codes[2, 5] == logits[2].argmax() and codes[3, 5] == logits[3].argmax()
+        logits[2, 7] = logits[2, 900] = logits[2].max() + 1
+        fs.sample_codes(logits, noise[:, 3], settings, width, nucleus, codes[:, 5], table)
+        assert codes[2, 5] == 7
+
+
+def test_fused_sampler_applies_the_talker_processors_and_adds_the_text_row():
+    from voxgate.engines.qwen3 import fused_sampler as fs
+    from voxgate.engines.qwen3.sampling import batched_talker_scores, control_mask, hashed_gumbel, sample_rows
+
+    b, v, width, h, eos = 4, 3072, 50, 40, 2150
+    logits = _randn(b, v) * 4
+    logits[:, eos] = 40.0  # EOS would win where it is not blocked
+    seen = torch.rand(b, v, generator=torch.Generator().manual_seed(3)).to(DEVICE) < 0.3
+    penalty = torch.tensor([[1.05], [1.3], [1.0], [2.0]], device=DEVICE)
+    draws, min_new = torch.tensor([0, 5, 1, 7], device=DEVICE), torch.tensor([2, 2, 2, 2], device=DEVICE)
+    control = control_mask(v, 2048, eos, torch.device(DEVICE))
+    noise = hashed_gumbel(torch.arange(b, device=DEVICE), torch.arange(b * 16, device=DEVICE).view(b, 16), width)
+    settings = _settings(b)
+    is_eos = torch.zeros(v, dtype=torch.bool, device=DEVICE)
+    is_eos[eos] = True
+    scores = batched_talker_scores(logits, seen, penalty, draws < min_new, is_eos, control)
+    expected = sample_rows(scores, noise[:, 0], *(getattr(settings, f) for f in settings.__slots__), width, False)
+    assert expected.tolist()[1] == eos and expected.tolist()[0] != eos  # the test covers both cases
+    table = _randn(v, h, seed=4)
+    trailing, length, pad = _randn(b, 6, h, seed=5), torch.tensor([3, 9, 0, 8], device=DEVICE), _randn(h, seed=6)
+    codes, frame, out = (
+        torch.zeros(b, dtype=torch.long, device=DEVICE),
+        torch.zeros(b, h, device=DEVICE),
+        torch.zeros(b, h, device=DEVICE),
+    )
+    marked = seen.clone()
+    fs.sample_codes(logits, noise[:, 0], settings, width, False, codes, table, None, frame, fs.FRAME_SET,
+                    talker=fs.TalkerScores(marked, penalty, draws, min_new, control, eos),
+                    text=fs.TextRows(trailing, length, draws, pad, out))  # fmt: skip
+    assert torch.equal(codes, expected) and torch.equal(frame, table[expected])
+    assert torch.equal(marked, seen.scatter(1, expected[:, None], True))
+    rows = trailing[torch.arange(b, device=DEVICE), draws.clamp(max=5)]
+    text = torch.where((draws < length)[:, None], rows, pad)
+    assert torch.equal(out, table[expected] + text)
+
+
+def test_the_fused_sampler_draws_the_seeded_codes_of_the_pytorch_sampler(ours):
+    """fp32, sampled: the batched decoder on the fused kernels draws the same codes with its
+    fused sampler as with the PyTorch sampler (same seeds, same counter-based noise)."""
+    ck = ours["cv06"]
+    if DEVICE == "cuda":
+        pytest.skip("tests/gpu covers the fused sampler in the decoder on the GPU")
+    fused = copy.deepcopy(ck.talker)
+    fused.fuse(kernels=True)
+    prompt = PromptBuilder(ck.config, ck.tokenizer, ck.talker).build("Seeded draws.", speaker="vivian")
+    params = SamplingParams(max_new_tokens=10, min_new_tokens=10)
+    runs = []
+    for with_kernel in (True, False):
+        decoder = BatchDecoder(fused, ck.codec, slots=2, capacity=64)
+        assert decoder.fused_sampler
+        decoder.fused_sampler = with_kernel
+        decoder.admit(1, prompt, params, seed=3)
+        runs.append(torch.stack([torch.from_numpy(decoder.step(2, [1]).codes[1]) for _ in range(2)]))
+    assert torch.equal(runs[0], runs[1])

@@ -27,6 +27,7 @@ import torch
 
 from voxgate.engines.qwen3.codec import CodecDecoder, DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
+from voxgate.engines.qwen3.fused_sampler import FRAME_ADD, FRAME_SET, RowSettings, TalkerScores, TextRows, sample_codes
 from voxgate.engines.qwen3.prefill import PROMPTS, Prefiller
 from voxgate.engines.qwen3.prompt import Prompt
 from voxgate.engines.qwen3.sampling import batched_talker_scores, control_mask, hashed_gumbel, sample_rows
@@ -142,6 +143,13 @@ class BatchDecoder:
         self.codec_state.freeze_rows(self.device, s)
         self.out_codes = torch.zeros(s, groups, dtype=torch.long, **z)
         self.out_pcm = torch.zeros(s, codec.config.samples_per_frame, dtype=self.dtype, **z)
+        # The fused sampler (with the Triton kernels, and top-k on): its embedding buffers.
+        self.fused_sampler = talker.model.kernels and self.sample_width > 0
+        if self.fused_sampler:
+            self._first = torch.zeros(s, 2, h, dtype=self.dtype, **z)  # the code predictor's first input
+            self._next = torch.zeros(s, h, dtype=self.dtype, **z)  # its input for the next code
+            self._frame = torch.zeros(s, h, dtype=self.dtype, **z)  # the sum of the frame's embeddings
+            self._talker_in = torch.zeros(s, h, dtype=self.dtype, **z)  # that plus the text: the talker's input
         # Host-side mirror of each row's position (to pick the attention length without a sync).
         self.host_position = [0] * s
         self.prefiller = Prefiller(talker, self.cache, self.hidden, self.logits, use_graphs)
@@ -161,24 +169,60 @@ class BatchDecoder:
         talker, cfg = self.talker, self.talker.cfg
         counters = self.draws[:b, None] * self.groups + torch.arange(self.groups, device=self.device)
         noise = hashed_gumbel(self.seeds[:b], counters, self.sample_width or cfg.vocab_size)  # (b, 16, W)
-        scores = batched_talker_scores(
-            self.logits[:b], self.seen[:b], self.penalty[:b], self.draws[:b] < self.min_new[:b], self.eos, self.control
-        )
-        code0 = self._sample(scores, noise[:, 0], b, predictor=False)
-        self.seen[:b].scatter_(1, code0[:, None], True)
-        codes = self._predict_rest(b, code0, noise)
-        rows = torch.arange(b, device=self.device)
-        text = self.trailing[rows, self.draws[:b].clamp(max=self.max_text_rows - 1)]
-        text = torch.where((self.draws[:b] < self.trailing_len[:b])[:, None], text, self.pad)
-        embeds = (talker.frame_embedding(codes) + text)[:, None]
-        hidden, logits = talker.step(embeds, self.cache.view(slice(0, b), length), self.position[:b])
+        if self.fused_sampler:
+            codes, embeds = self.out_codes[:b], self._draw_fused(b, noise)
+        else:
+            codes, embeds = self._draw(b, noise)
+        hidden, logits = talker.step(embeds[:, None], self.cache.view(slice(0, b), length), self.position[:b])
         self.hidden[:b].copy_(hidden)
         self.logits[:b].copy_(logits)
         self.position[:b] += self.active[:b]
         self.draws[:b] += self.active[:b]
         audio = codes.clamp(max=self.codec.config.codebook_size - 1)[:, :, None]  # EOS rows decode a stand-in
         self.out_pcm[:b].copy_(self.codec.run(audio, self.codec_state.rows(b)))
+
+    def _draw(self, b: int, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The frame's 16 codes for every row (into `out_codes`) and the talker's next input
+        (B, H): the sum of their embeddings plus the row's next text embedding."""
+        talker = self.talker
+        scores = batched_talker_scores(
+            self.logits[:b], self.seen[:b], self.penalty[:b], self.draws[:b] < self.min_new[:b], self.eos, self.control
+        )
+        code0 = self._sample(scores, noise[:, 0], b, predictor=False)
+        self.seen[:b].scatter_(1, code0[:, None], True)
+        codes = self._predict_rest(b, code0, noise)
         self.out_codes[:b].copy_(codes)
+        rows = torch.arange(b, device=self.device)
+        text = self.trailing[rows, self.draws[:b].clamp(max=self.max_text_rows - 1)]
+        text = torch.where((self.draws[:b] < self.trailing_len[:b])[:, None], text, self.pad)
+        return codes, talker.frame_embedding(codes) + text
+
+    def _draw_fused(self, b: int, noise: torch.Tensor) -> torch.Tensor:
+        """`_draw` with one fused kernel per code (`fused_sampler.py`): each draws, writes the
+        code, and gathers its embedding as the next input and into the frame's sum."""
+        talker, cp, width, nucleus = self.talker, self.talker.code_predictor, self.sample_width, self.nucleus
+        codes, first, frame = self.out_codes[:b], self._first[:b], self._frame[:b]
+        main = RowSettings(self.do_sample[:b], self.temperature[:b], self.top_k[:b], self.top_p[:b])
+        sub = RowSettings(self.sub_do_sample[:b], self.sub_temperature[:b], self.sub_top_k[:b], self.sub_top_p[:b])
+        scores = TalkerScores(self.seen[:b], self.penalty[:b], self.draws[:b], self.min_new[:b], self.control,
+                              self.eos_id)  # fmt: skip
+        table = talker.model.codec_embedding.weight
+        sample_codes(self.logits[:b], noise[:, 0], main, width, nucleus, codes[:, 0], table, first[:, 1], frame,
+                     FRAME_SET, talker=scores)  # fmt: skip
+        first[:, 0].copy_(self.hidden[:b])
+        text = TextRows(self.trailing[:b], self.trailing_len[:b], self.draws[:b], self.pad, self._talker_in[:b])
+        project, cache = cp.small_to_mtp_projection, self.cp_cache.view(slice(0, b))
+        inputs, position, last = project(first), 0, self.groups - 2
+        for j in range(self.groups - 1):
+            out = cp.model(inputs, cache, position)[:, -1]
+            position += inputs.shape[1]
+            table = cp.model.codec_embedding[j].weight
+            following = self._next[:b] if j < last else None
+            sample_codes(cp.lm_head[j](out), noise[:, j + 1], sub, width, nucleus, codes[:, j + 1], table, following,
+                         frame, FRAME_ADD, text=text if j == last else None)  # fmt: skip
+            if following is not None:
+                inputs = project(following)[:, None]
+        return text.out
 
     def _sample(self, logits: torch.Tensor, gumbel: torch.Tensor, b: int, predictor: bool) -> torch.Tensor:
         """One id per row with each row's talker (or code-predictor) settings."""
