@@ -1,27 +1,21 @@
 """`POST /v1/bridge/stream` and `/v1/bridge/{id}/stop` on a real server: the embedded LLM
-(llama.cpp + SmolLM2) writes, the tone engine speaks."""
+(llama.cpp + SmolLM2) writes, the Piper engine speaks (the `make serve` defaults)."""
 
 from __future__ import annotations
 
 import base64
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
 
 import httpx
-import pytest
 
 from voxgate.bench.server import ServerProcess
 
 ASK = {"messages": [{"role": "user", "content": "Tell me a short story about a cat and a boat."}], "max_tokens": 80,
        "temperature": 0}  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def bridge() -> Iterator[ServerProcess]:
-    with ServerProcess("tone", env={"LLM_EMBEDDED": "true", "TONE_DELAY_MS": "20"}) as server:
-        yield server
 
 
 def _events(response: httpx.Response) -> Iterator[dict]:
@@ -71,3 +65,85 @@ def test_bad_requests_are_refused_with_typed_errors(bridge):
     wrong_voice = httpx.post(url, json={**ASK, "voice": "nobody"})
     assert wrong_voice.status_code == 400 and wrong_voice.json()["error"]["code"] == "unknown_voice"
     assert httpx.get(bridge.url + "/healthz").status_code == 200
+
+
+# SmolLM2 at temperature 0 answers this with "Sure, I'd be happy to help ...": a starter-cache hit.
+SURE = {"messages": [{"role": "system", "content": "You are a helpful voice assistant. Begin every reply with 'Sure.' "
+                      "and keep replies short."}, {"role": "user", "content": "Can you help me plan a trip?"}],
+        "max_tokens": 40, "temperature": 0}  # fmt: skip
+
+
+def test_a_reply_opening_with_a_cached_phrase_plays_it_from_memory_at_once(bridge):
+    with httpx.stream("POST", bridge.url + "/v1/bridge/stream", json=SURE, timeout=60) as response:
+        events = list(_events(response))
+    segments = [e for e in events if e["type"] == "segment"]
+    assert segments[0]["text"] == "Sure,", f"the LLM's reply changed: {segments[0]['text']!r}"
+    assert segments[0]["cached"] and not any(s["cached"] for s in segments[1:])
+    done = events[-1]
+    assert done["status"] == "completed" and done["starter_cached"] and done["spoken"].startswith("Sure, I")
+    t = done["timings_ms"]
+    assert t["first_segment"] <= t["first_audio"] < t["first_segment"] + 50  # no engine before the first audio
+    audio = [e for e in events if e["type"] == "audio" and e["segment"] == 0]
+    assert len(audio) > 1  # the cached opener goes out in chunk-sized pieces, so a stop cuts it
+
+
+def test_multipart_carries_the_same_reply_as_parts(bridge):
+    headers = {"accept": "multipart/mixed"}
+    response = httpx.post(bridge.url + "/v1/bridge/stream", json=ASK, headers=headers, timeout=60)
+    boundary = response.headers["content-type"].split("boundary=")[1].encode()
+    body, parts, pos = response.content, [], 0
+    while body.startswith(b"--" + boundary + b"\r\n", pos):
+        head_end = body.index(b"\r\n\r\n", pos)
+        head = dict(line.split(": ", 1) for line in body[pos:head_end].decode().split("\r\n")[1:])
+        start = head_end + 4
+        end = start + int(head["Content-Length"])
+        parts.append((head, body[start:end]))
+        assert body[end : end + 2] == b"\r\n"
+        pos = end + 2
+    assert body[pos:] == b"--" + boundary + b"--\r\n"
+    kinds = [json.loads(data)["type"] if h["Content-Type"] == "application/json" else "audio" for h, data in parts]
+    assert kinds[0] == "segment" and kinds[-1] == "done" and "audio" in kinds
+    audio = [(h, data) for h, data in parts if h["Content-Type"].startswith("audio/L16")]
+    assert all(len(data) % 2 == 0 and h["X-Segment"].isdigit() for h, data in audio)
+    assert f"rate={response.headers['x-sample-rate']}" in audio[0][0]["Content-Type"]
+    assert json.loads(parts[-1][1])["status"] == "completed"
+
+
+def test_stop_with_played_ms_reports_what_the_listener_heard(bridge):
+    with httpx.stream("POST", bridge.url + "/v1/bridge/stream", json=ASK, timeout=60) as response:
+        reply_id = response.headers["x-bridge-id"]
+        events, stopped = [], False
+        for event in _events(response):
+            events.append(event)
+            if not stopped and sum(e["type"] == "segment" for e in events) == 2 and event["type"] == "audio":
+                stopped = True
+                stop = httpx.post(f"{bridge.url}/v1/bridge/{reply_id}/stop", json={"played_ms": 0})
+                assert stop.status_code == 200 and stop.json()["spoken"] == ""
+    done = events[-1]
+    assert done["status"] == "cancelled" and done["spoken"] == ""  # nothing played: nothing heard
+    assert done["segments"] >= 2 and "cancel_to_silence" in done["timings_ms"]
+
+
+def test_bridge_metrics_count_segments_by_trigger_and_replies_by_status(bridge):
+    text = httpx.get(bridge.url + "/metrics").text
+    assert 'voxgate_bridge_segments_total{trigger="starter"}' in text
+    assert 'voxgate_bridge_replies_total{status="completed"}' in text
+    assert "voxgate_bridge_queue_peak_count" in text and "voxgate_bridge_dropped_total" in text
+
+
+def test_stop_refuses_a_malformed_body(bridge):
+    bad = httpx.post(f"{bridge.url}/v1/bridge/abc/stop", json={"played_ms": -1})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
+    assert httpx.post(f"{bridge.url}/v1/bridge/abc/stop", content=b"[").json()["error"]["code"] == "invalid_request"
+
+
+def test_a_down_llm_server_ends_the_reply_with_a_typed_failure():
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with ServerProcess("tone", env={"LLM_URL": f"http://127.0.0.1:{port}/v1"}) as server:
+        response = httpx.post(server.url + "/v1/bridge/stream", json=ASK, timeout=60)
+        done = list(_events(response))[-1]
+        assert done["type"] == "done" and done["status"] == "failed" and done["code"] == "llm_unavailable"
+        assert "cannot reach the LLM server" in done["message"]
+        assert httpx.get(server.url + "/healthz").status_code == 200

@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from voxgate.bridge.pipeline import ReplyPipeline
+from voxgate.bridge.pipeline import ReplyPipeline, heard_text
+from voxgate.bridge.segmenter import Segment
 from voxgate.config import Settings
 from voxgate.engines.registry import create_engine
 from voxgate.serving.stream import EngineStream
@@ -37,9 +38,9 @@ class Synth:
         self.streams: list[EngineStream] = []
         self.log: list[tuple[str, str]] = []
 
-    def __call__(self, text: str) -> EngineStream:
-        self.log.append(("open", text))
-        stream = EngineStream(self.engine, SynthesisRequest(text=text, voice=self.voice), self.executor)
+    def __call__(self, segment: Segment) -> EngineStream:
+        self.log.append(("open", segment.text))
+        stream = EngineStream(self.engine, SynthesisRequest(text=segment.text, voice=self.voice), self.executor)
         self.streams.append(stream)
         return stream
 
@@ -109,3 +110,13 @@ def test_an_llm_failure_mid_reply_speaks_what_came_then_raises():
     with pytest.raises(ConnectionError):
         asyncio.run(run(pipeline))
     assert pipeline.spoken().startswith("Sure, here it is. The first sentence is short.")
+
+
+def test_heard_text_counts_whole_segments_then_the_played_share_of_the_cut_one():
+    spans = [("Sure,", 0.4), ("here is the plan for today.", 2.0), ("好的，我们开始吧。", 1.0)]
+    assert heard_text(spans, 0) == ""
+    assert heard_text(spans, 0.39) == ""
+    assert heard_text(spans, 0.4) == "Sure,"
+    assert heard_text(spans, 0.4 + 1.0) == "Sure, here is the"  # 6 words, half of them
+    assert heard_text(spans, 2.4 + 0.5) == "Sure, here is the plan for today. 好的，我"  # 7 units, 3 played
+    assert heard_text(spans, 99) == "Sure, here is the plan for today. 好的，我们开始吧。"

@@ -285,3 +285,40 @@ def test_flush_ends_the_stream_and_the_segmenter_is_reusable():
     assert segmenter.flush() == [] and segmenter.push("   ") == [] and segmenter.flush() == []
     again = segmenter.push("Next reply, please.") + segmenter.flush()
     assert [(s.text, s.kind, s.index) for s in again] == [("Next reply,", "starter", 0), ("please.", "final", 1)]
+
+
+# Cached openers (the starter cache): cut the moment the opener is complete
+
+
+OPENERS = ["Sure,", "Sure.", "Okay, ", "好的，", "Hmm", "是。"]
+
+
+def _opener_pushes(tokens: list[str], openers: list[str] = OPENERS) -> list[list[str]]:
+    segmenter = Segmenter(openers=openers)
+    return [[s.text for s in segmenter.push(t)] for t in tokens]
+
+
+def test_a_cached_opener_is_the_starter_as_soon_as_its_last_character_arrives():
+    assert _opener_pushes(["Sure", ",", " I", " can", " help"]) == [[], ["Sure,"], [], [], []]
+    assert _pushes(["Sure", ",", " I", " can", " help"])[:3] == [[], [], ["Sure,"]]  # without: one token later
+    assert _opener_pushes(["  Okay", ", let", " me"])[1] == ["Okay,"]
+    assert _opener_pushes(["好的", "，", "我们"])[1] == ["好的，"]
+
+
+def test_openers_apply_only_at_the_start_and_only_when_they_end_in_punctuation():
+    assert _opener_pushes(["I am", " sure", ",", " yes"]) == [[], [], [], ["I am sure,"]]  # the usual rule
+    assert _opener_pushes(["Hmm", " well"]) == [[], []]  # no punctuation: the usual rules decide
+    assert set(Segmenter(openers=OPENERS).openers) == {"Okay,", "好的，", "Sure,", "Sure."}  # "是。" is too short
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, len(REPLIES) - 1), st.sampled_from(["Sure, ", "Okay, ", "好的，"]),
+       st.lists(st.integers(1, 8), min_size=1, max_size=40))  # fmt: skip
+def test_replies_opening_with_a_cached_phrase_segment_identically_however_they_are_split(which, opener, sizes):
+    text = opener + REPLIES[which].text
+    segmenter = Segmenter(openers=OPENERS)
+    pieces = split_reply(text, tuple(sizes))
+    segments = [s for piece in pieces for s in segmenter.push(piece)] + segmenter.flush()
+    whole = Segmenter(openers=OPENERS)
+    assert segments == whole.push(text) + whole.flush()
+    assert "".join(s.raw for s in segments) == text and segments[0].text == opener.strip()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from voxgate.bridge.segmenter import Segment, Segmenter
+from voxgate.text import split_units
 from voxgate.types import AudioChunk
 
 Policy = Literal["block", "latest"]
@@ -44,7 +45,7 @@ class PipelineStats:
 class ReplyPipeline:
     def __init__(
         self,
-        synthesise: Callable[[str], ChunkStream],
+        synthesise: Callable[[Segment], ChunkStream],
         segmenter: Segmenter | None = None,
         policy: Policy = "block",
     ) -> None:
@@ -148,7 +149,7 @@ class ReplyPipeline:
 
     def _open(self, segment: Segment) -> ChunkStream:
         self.stats.segments += 1
-        stream = self.synthesise(segment.text)
+        stream = self.synthesise(segment)
         self._streams.append(stream)
         return stream
 
@@ -158,3 +159,24 @@ class ReplyPipeline:
         with contextlib.suppress(Exception):
             for stream in self._streams:
                 stream.cancel("done")
+
+
+def heard_text(spans: list[tuple[str, float]], played_s: float) -> str:
+    """What a listener heard of a reply stopped after `played_s` seconds of its audio.
+
+    `spans` are the segments handed out, in order: (text, seconds of audio). A segment played
+    to its end counts whole; of the one playing at the stop, the words whose share of its
+    audio (words and CJK characters taken as equally long) had fully played.
+    """
+    heard, left = [], max(0.0, played_s)
+    for text, seconds in spans:
+        if left >= seconds:
+            heard.append(text)
+            left -= seconds
+            continue
+        units = split_units(text)
+        done = int(len(units) * left / seconds + 1e-9) if seconds > 0 else 0  # 1e-9: float sums
+        if done:
+            heard.append(text[: units[done - 1].end])
+        break
+    return " ".join(heard)

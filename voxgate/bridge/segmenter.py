@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Literal, NamedTuple
@@ -218,10 +219,18 @@ def _classify(text: str, start: int, i: int, end: int) -> _Gap | None:
 
 
 class Segmenter:
-    """Cuts one streamed reply into starter / main / final segments; see the module docstring."""
+    """Cuts one streamed reply into starter / main / final segments; see the module docstring.
 
-    def __init__(self, config: SegmenterConfig | None = None) -> None:
+    `openers` are phrases whose audio is cached (the starter cache): a reply that begins with
+    one that ends in punctuation ("Sure,", "Okay.") gets it as its starter the moment its last
+    character arrives, with no wait for the next token, so the cached audio can start at once.
+    """
+
+    def __init__(self, config: SegmenterConfig | None = None, openers: Iterable[str] = ()) -> None:
         self.config = config or SegmenterConfig()
+        stripped = (phrase.strip() for phrase in openers)
+        usable = {p for p in stripped if len(p) >= self.config.min_chars and p[-1] in _SENTENCE + _CLAUSE}
+        self.openers = sorted(usable, key=lambda p: (-len(p), p))  # the longest match first
         self.reset()
 
     def reset(self) -> None:
@@ -258,11 +267,21 @@ class Segmenter:
 
     def _next_cut(self, final: bool) -> tuple[int, Trigger] | None:
         text = self._text
+        if self._index == 0 and (opener := self._opener()) is not None:
+            return opener, "starter"
         cuts = [c for c in _scan(text, self._start, final, self.config.max_span_chars) if c.pos < len(text)]
         cut = self._choose_main(cuts) if self._index else self._choose_starter(cuts)
         if cut and final and len(text[cut[0] :].strip()) < self.config.min_chars:
             return None  # a short tail joins the final segment instead of standing alone
         return cut
+
+    def _opener(self) -> int | None:
+        """The end of a cached opener that the reply begins with, if any."""
+        lead = _skip(self._text, self._start, None)
+        for phrase in self.openers:
+            if self._text.startswith(phrase, lead):
+                return lead + len(phrase)
+        return None
 
     def _choose_starter(self, cuts: list[_Cut]) -> tuple[int, Trigger] | None:
         cfg, last = self.config, None

@@ -24,6 +24,7 @@ from voxgate import __version__
 from voxgate.config import Settings
 from voxgate.engines.base import Engine
 from voxgate.serving.bridge import router as bridge_router
+from voxgate.serving.bridge_ws import router as bridge_ws_router
 from voxgate.serving.http import router
 from voxgate.serving.llm import router as llm_router
 from voxgate.serving.metrics import Metrics
@@ -69,6 +70,7 @@ def create_app(
     app.include_router(ws_router)
     app.include_router(llm_router)
     app.include_router(bridge_router)
+    app.include_router(bridge_ws_router)
     _install_error_handlers(app, state.metrics)
     app.add_middleware(RequestGate, settings=settings, metrics=state.metrics)
     return app

@@ -44,6 +44,14 @@ class Metrics:
             "first audio, and stop to the last audio written (cancel_to_silence).", ["stage"],
             buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
+        self.bridge_segments = Counter("voxgate_bridge_segments_total", "Bridge segments by what cut them "
+                                       "(starter, punctuation, length, flush).", ["trigger"], registry=r)  # fmt: skip
+        self.bridge_dropped = Counter("voxgate_bridge_dropped_total", "Stale segments dropped by the 'latest' policy.",
+                                      registry=r)  # fmt: skip
+        self.bridge_queue_peak = Histogram("voxgate_bridge_queue_peak", "Most segments waiting at once, per reply.",
+                                           buckets=(0, 1, 2, 3, 5, 8, 13, 21), registry=r)  # fmt: skip
+        self.bridge_replies = Counter("voxgate_bridge_replies_total", "Bridge replies by how they ended.", ["status"],
+                                      registry=r)  # fmt: skip
         self.ws_sessions = Gauge("voxgate_ws_sessions", "WebSocket sessions held (attached or awaiting resume).",
                                  registry=r)  # fmt: skip
         self.ws_detached = Gauge("voxgate_ws_sessions_detached", "WebSocket sessions awaiting a resume.", registry=r)

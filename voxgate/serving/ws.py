@@ -94,7 +94,7 @@ class Gateway:
 
     async def serve(self, websocket: WebSocket, compat: bool) -> None:
         await websocket.accept()
-        if not self._authorised(websocket):  # accepted first, so the client sees why
+        if not authorised(websocket, self.settings.api_keys):  # accepted first, so the client sees why
             await websocket.close(code=4401, reason="unauthorized")
             return
         self._start_janitor()
@@ -127,15 +127,6 @@ class Gateway:
         finally:
             if live is not None:
                 self._detach(live, websocket)
-
-    def _authorised(self, websocket: WebSocket) -> bool:
-        keys = [k.encode() for k in self.settings.api_keys]
-        if not keys:
-            return True
-        header = websocket.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        given = token.strip() if scheme.lower() == "bearer" else websocket.query_params.get("api_key", "")
-        return any(hmac.compare_digest(key, given.encode()) for key in keys)
 
     async def _apply(self, message: Any, live: Live | None, websocket: WebSocket) -> Live | None:
         if isinstance(message, Ping):
@@ -395,6 +386,16 @@ class Gateway:
                 live.dropped = "backpressure"
                 _abort(socket)
                 start, warned = time.monotonic(), False
+
+
+def authorised(websocket: WebSocket, api_keys: list[str]) -> bool:
+    """The upgrade request's bearer token (or `?api_key=`, for browsers) is one of the keys."""
+    if not api_keys:
+        return True
+    header = websocket.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    given = token.strip() if scheme.lower() == "bearer" else websocket.query_params.get("api_key", "")
+    return any(hmac.compare_digest(key.encode(), given.encode()) for key in api_keys)
 
 
 def _abort(websocket: WebSocket) -> None:

@@ -1,0 +1,196 @@
+"""`/v1/bridge/ws`: a spoken conversation over one WebSocket (the bridge's WebSocket variant).
+
+The server keeps the conversation: each `user` message is a turn, answered by the LLM and
+spoken while it is written; the history records of each reply only what was spoken (with
+`played_ms` on a `cancel`, what was heard). Client messages (JSON text frames):
+
+- `config` {system?, voice?, language?, policy?, max_tokens?, temperature?}: for the next replies.
+- `user` {content}: a user turn; one arriving while a reply speaks interrupts it (barge-in).
+- `cancel` {played_ms?}: stop the reply now (barge-in); `nothing_to_cancel` if none speaks.
+- `reset`: forget the history; `history`: answered by `history` {messages} (what the LLM
+  will see next); `ping` {id?}: answered by `pong`.
+
+Server messages: `ready` {sample_rate}; per reply `reply.start` {reply, sample_rate}, then
+`segment` {reply, index, text, kind, trigger, cached} and binary frames of 16-bit PCM for
+that segment, then `done` {reply, status, spoken, ..., timings_ms}; `error` {code, message,
+fatal} for a refused message (only `fatal` ones close the socket). A client that stops reading
+for `send_timeout_s` is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from voxgate.bridge.llm import Conversation
+from voxgate.serving.protocol import describe_validation
+from voxgate.serving.reply import AudioOut, Reply, ReplyOptions
+from voxgate.serving.state import ServerState
+from voxgate.serving.ws import authorised
+from voxgate.serving.wsproto import ProtocolError, error
+from voxgate.types import VoxgateError
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Config(ReplyOptions):
+    type: Literal["config"]
+    system: str | None = Field(None, max_length=20000)
+
+
+class User(_Message):
+    type: Literal["user"]
+    content: str = Field(min_length=1, max_length=20000)
+
+
+class Cancel(_Message):
+    type: Literal["cancel"]
+    played_ms: float | None = Field(None, ge=0)
+
+
+class Bare(_Message):
+    type: Literal["reset", "history", "ping"]
+    id: str | int | None = None
+
+
+_ADAPTER: TypeAdapter[Config | User | Cancel | Bare] = TypeAdapter(
+    Annotated[Config | User | Cancel | Bare, Field(discriminator="type")]
+)
+TYPES = ("config", "user", "cancel", "reset", "history", "ping")
+
+
+def parse(raw: str | bytes | None, max_bytes: int) -> Config | User | Cancel | Bare:
+    """One client frame -> a typed message; `ProtocolError` for anything else."""
+    if not isinstance(raw, str):
+        raise ProtocolError("binary_not_supported", "send JSON text frames; binary frames are not accepted")
+    if len(raw) > max_bytes or len(raw.encode()) > max_bytes:
+        raise ProtocolError("message_too_large", f"messages are limited to {max_bytes} bytes")
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ProtocolError("invalid_message", "the message is not valid JSON") from None
+    kind = data.get("type") if isinstance(data, dict) else None
+    if kind not in TYPES:
+        raise ProtocolError("unknown_type", f"unknown message type {kind!r}; known: {', '.join(TYPES)}")
+    try:
+        return _ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        raise ProtocolError("invalid_message", f"{kind}: {describe_validation(exc.errors())}") from None
+
+
+@router.websocket("/v1/bridge/ws")
+async def bridge_socket(websocket: WebSocket) -> None:
+    await _Call(websocket.app.state.voxgate, websocket).serve()
+
+
+class _Call:
+    """One socket: a reader (this task) and at most one reply being spoken (its own task)."""
+
+    def __init__(self, state: ServerState, websocket: WebSocket) -> None:
+        self.state, self.ws = state, websocket
+        self.options = ReplyOptions()
+        self.conversation = Conversation()
+        self.reply: Reply | None = None
+        self.speaker: asyncio.Task[None] | None = None
+        self.replies = 0
+        self.send_lock = asyncio.Lock()
+
+    async def serve(self) -> None:
+        ws = self.ws
+        await ws.accept()
+        if not authorised(ws, self.state.settings.api_keys):
+            await ws.close(code=4401, reason="unauthorized")
+            return
+        try:
+            plan = self.state.voice_plan(None, "pcm", None, None)
+            await self._send({"type": "ready", "sample_rate": plan.sample_rate})
+            while True:
+                frame = await ws.receive()
+                if frame["type"] == "websocket.disconnect":
+                    break
+                raw = frame.get("text") if frame.get("text") is not None else frame.get("bytes")
+                try:
+                    await self._apply(parse(raw, self.state.settings.ws_max_message_bytes))
+                except (ProtocolError, VoxgateError) as exc:
+                    reply = exc.to_message() if isinstance(exc, ProtocolError) else error(exc.code, exc.message)
+                    self.state.metrics.errors.labels(reply["code"]).inc()
+                    await self._send(reply)
+        except (WebSocketDisconnect, OSError, TimeoutError):
+            pass
+        except Exception:  # a bug must cost this socket only
+            log.exception("bridge socket failed")
+        finally:
+            await self._interrupt(None)
+
+    async def _apply(self, message: Config | User | Cancel | Bare) -> None:
+        if isinstance(message, Config):
+            self.options = ReplyOptions(**message.model_dump(exclude={"type", "system"}))
+            self.state.voice_plan(self.options.voice, "pcm", None, self.options.language)  # refuse a bad voice now
+            if message.system is not None:
+                self.conversation.system = message.system or None
+        elif isinstance(message, User):
+            await self._interrupt(None)
+            self._start(message.content)
+        elif isinstance(message, Cancel):
+            if self.reply is None:
+                raise ProtocolError("nothing_to_cancel", "no reply is speaking")
+            await self._interrupt(message.played_ms)
+        elif message.type == "reset":
+            self.conversation.turns.clear()
+        elif message.type == "history":
+            system = [{"role": "system", "content": self.conversation.system}] if self.conversation.system else []
+            await self._send({"type": "history", "messages": [*system, *self.conversation.turns]})
+        else:
+            await self._send({"type": "pong", "id": message.id})
+
+    def _start(self, user: str) -> None:
+        self.replies += 1
+        reply = Reply(self.state, self.options, self.conversation.messages(user), time.perf_counter(),
+                      f"bridge-ws:{id(self)}")  # fmt: skip
+        self.reply = reply
+        self.speaker = asyncio.get_running_loop().create_task(self._speak(reply, self.replies, user))
+
+    async def _speak(self, reply: Reply, number: int, user: str) -> None:
+        try:
+            await self._send({"type": "reply.start", "reply": number, "sample_rate": reply.plan.sample_rate})
+            async for event in reply.events():
+                if isinstance(event, AudioOut):
+                    await self._send(event.pcm)
+                else:
+                    await self._send({**event.message(), "reply": number})
+        except (WebSocketDisconnect, OSError, RuntimeError, TimeoutError):
+            with contextlib.suppress(Exception):  # a client that stopped reading or left: drop it
+                await self.ws.close(code=1011)
+        finally:
+            reply.close()
+            self.conversation.record(user, reply.spoken())
+            if self.reply is reply:
+                self.reply = None
+
+    async def _interrupt(self, played_ms: float | None) -> None:
+        """Stop the reply speaking now, if any, and wait for its `done` to be sent."""
+        reply, speaker = self.reply, self.speaker
+        if reply is None or speaker is None:
+            return
+        reply.stop(played_ms)
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(speaker), timeout=self.state.settings.send_timeout_s)
+        if not speaker.done():
+            speaker.cancel()
+
+    async def _send(self, message: dict[str, Any] | bytes) -> None:
+        async with self.send_lock:
+            send = self.ws.send_bytes(message) if isinstance(message, bytes) else self.ws.send_json(message)
+            await asyncio.wait_for(send, timeout=self.state.settings.send_timeout_s)

@@ -1,0 +1,238 @@
+"""One LLM reply spoken while it is written: what the bridge's transports (server-sent events,
+multipart, WebSocket) share.
+
+`Reply.events()` yields `SegmentStarted` when a segment starts speaking, `AudioOut` pieces of
+16-bit PCM (at most `chunk_ms` each, so a stop takes effect within one piece), and one
+`ReplyDone` at the end. A starter segment that is a cached opener (the starter cache) is
+played from memory at once and the engine speaks only what follows it. `stop()` is barge-in;
+`ReplyDone.spoken` is the text that was handed out, or, when the client says how much it
+played (`played_ms`), the text it heard. Per-reply timings go to `/metrics` as well.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from voxgate.audio import StreamEncoder, split_bytes
+from voxgate.bridge.llm import LLMClient, LLMConfig
+from voxgate.bridge.pipeline import ChunkStream, ReplyPipeline, heard_text
+from voxgate.bridge.segmenter import Segment, Segmenter
+from voxgate.serving.starter import StarterHit
+from voxgate.serving.state import ServerState
+from voxgate.serving.stream import EngineStream
+from voxgate.types import AudioChunk, SynthesisRequest, VoxgateError
+
+
+class LLMNotConfigured(VoxgateError):
+    status = 503
+    code = "llm_unavailable"
+
+
+class ReplyOptions(BaseModel):
+    """How a reply is spoken (the HTTP body's and the WebSocket `config` message's fields)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    voice: str | None = Field(None, max_length=128)
+    language: str | None = Field(None, max_length=32)
+    policy: Literal["block", "latest"] = "block"
+    max_tokens: int | None = Field(None, ge=1, le=4096)
+    temperature: float | None = Field(None, ge=0, le=2)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentStarted:
+    index: int
+    text: str
+    kind: str
+    trigger: str
+    cached: bool  # its audio (or its start) came from the starter cache
+
+    def message(self) -> dict[str, Any]:
+        return {"type": "segment", **asdict(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class AudioOut:
+    segment: int
+    pcm: bytes
+
+
+@dataclass(slots=True)
+class ReplyDone:
+    status: str  # completed | cancelled | failed | client_disconnect
+    spoken: str
+    segments: int
+    dropped: int
+    queue_peak: int
+    triggers: dict[str, int]
+    starter_cached: bool
+    timings_ms: dict[str, float]
+    error: dict[str, str] = field(default_factory=dict)
+
+    def message(self) -> dict[str, Any]:
+        out = {"type": "done", **asdict(self)}
+        out.update(out.pop("error"))  # code and message, on a failure
+        return out
+
+
+class Reply:
+    """Admitted at construction (a stream slot, or a typed refusal); spoken by `events()`."""
+
+    def __init__(
+        self, state: ServerState, options: ReplyOptions, messages: list[dict[str, str]], t_in: float, client: str
+    ) -> None:
+        base = state.llm_url()
+        if base is None:
+            raise LLMNotConfigured(state.llm_error or "no LLM is configured (VOXGATE_LLM_URL or VOXGATE_LLM_EMBEDDED)")
+        self.state, self.messages, self.t_in, self.client = state, messages, t_in, client
+        self.plan = state.voice_plan(options.voice, "pcm", None, options.language)
+        self.engine = state.require_engine()
+        voice = self.plan.request.voice
+        openers = state.starters.phrases(voice) if state.settings.starter_cache else []
+        self.pipeline = ReplyPipeline(self._synthesise, Segmenter(openers=openers), options.policy)
+        self.llm = LLMClient(LLMConfig(base, max_tokens=options.max_tokens, temperature=options.temperature))
+        self.marks: dict[str, float] = {}
+        self.spans: list[list[Any]] = []  # [text, seconds of audio handed out] per segment
+        self.played_s: float | None = None  # how much the client said it played, at a stop
+        self._cached: set[int] = set()
+        state.limiter.acquire(client)  # last: nothing above may fail after the slot is taken
+        state.metrics.active_streams.set(state.limiter.active)
+        self._released = False
+
+    def stop(self, played_ms: float | None = None) -> None:
+        """Barge-in: the LLM stream and all synthesis stop now."""
+        if played_ms is not None and self.played_s is None:
+            self.played_s = played_ms / 1000
+        self.pipeline.cancel()
+
+    def close(self) -> None:
+        """Stop and free the slot if `events()` never ran to its end (the client left early)."""
+        if not self._released:
+            self.pipeline.cancel()
+            self._release()
+
+    def spoken(self) -> str:
+        if self.played_s is None:
+            return self.pipeline.spoken()
+        return heard_text([(text, seconds) for text, seconds in self.spans], self.played_s)
+
+    async def events(self) -> AsyncIterator[SegmentStarted | AudioOut | ReplyDone]:
+        encoder = StreamEncoder("pcm", self.engine.sample_rate, self.plan.sample_rate)
+        piece = encoder.bytes_per_sample * (self.plan.sample_rate * self.state.settings.chunk_ms // 1000)
+        bytes_per_s = encoder.bytes_per_sample * self.plan.sample_rate
+        current, status, error = -1, "client_disconnect", {}
+        try:
+            async for segment, chunk in self.pipeline.run(self._stamped(self.llm.stream(self.messages))):
+                if segment.index != current:
+                    current = segment.index
+                    self.marks.setdefault("first_segment", time.perf_counter())
+                    self.spans.append([segment.text, 0.0])
+                    yield SegmentStarted(segment.index, segment.text, segment.kind, segment.trigger,
+                                         segment.index in self._cached)  # fmt: skip
+                for part in split_bytes(encoder.encode(chunk.samples), piece):
+                    if self.pipeline.cancelled:
+                        break
+                    self.marks.setdefault("first_audio", time.perf_counter())
+                    yield AudioOut(segment.index, part)
+                    self.marks["last_audio"] = time.perf_counter()
+                    self.spans[-1][1] += len(part) / bytes_per_s
+            status = "cancelled" if self.pipeline.cancelled else "completed"
+        except VoxgateError as exc:
+            status, error = "failed", {"code": exc.code, "message": exc.message}
+        finally:
+            if status != "completed":
+                self.pipeline.cancel()
+            await self.llm.aclose()
+            done = self._finish(status, error)
+        yield done
+
+    # ------------------------------------------------------------------ inside
+
+    def _synthesise(self, segment: Segment) -> ChunkStream:
+        voice, language = self.plan.request.voice, self.plan.request.language
+        request = SynthesisRequest(text=segment.text, voice=voice, language=language)
+        hit = self.state.starters.match(request.voice, segment.text) if segment.kind == "starter" else None
+        if hit is None or not self.state.settings.starter_cache:
+            return EngineStream(self.engine, request, self.state.executor)
+        self._cached.add(segment.index)
+        self.state.metrics.starter_hits.inc()
+        rest = None
+        if any(ch.isalnum() for ch in hit.remainder):  # "好的，" leaves only the comma
+
+            def rest() -> ChunkStream:
+                return EngineStream(self.engine, replace(request, text=hit.remainder), self.state.executor)
+
+        return CachedOpener(hit, self.state.settings.chunk_ms, rest)
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.state.limiter.release(self.client)
+            self.state.metrics.active_streams.set(self.state.limiter.active)
+
+    async def _stamped(self, deltas: AsyncIterator[str]) -> AsyncIterator[str]:
+        async for delta in deltas:
+            self.marks.setdefault("llm_first_token", time.perf_counter())
+            yield delta
+
+    def _finish(self, status: str, error: dict[str, str]) -> ReplyDone:
+        self._release()
+        stats = self.pipeline.stats
+        stopped = self.pipeline.stopped_at if status == "cancelled" else None
+        timings = _timings(self.marks, self.t_in, stopped)
+        metrics = self.state.metrics
+        for stage, ms in timings.items():
+            metrics.bridge.labels(stage).observe(ms / 1000)
+        for trigger, n in stats.triggers.items():
+            metrics.bridge_segments.labels(trigger).inc(n)
+        metrics.bridge_dropped.inc(stats.dropped)
+        metrics.bridge_queue_peak.observe(stats.queue_peak)
+        metrics.bridge_replies.labels(status).inc()
+        return ReplyDone(status, self.spoken(), stats.segments, stats.dropped, stats.queue_peak, dict(stats.triggers),
+                         0 in self._cached, timings, error)  # fmt: skip
+
+
+class CachedOpener:
+    """A `ChunkStream`: the cached opener's audio in `chunk_ms` pieces, then the engine on the
+    rest of the segment (started once the first piece is out, so it does not delay it)."""
+
+    def __init__(self, hit: StarterHit, chunk_ms: int, rest: Callable[[], ChunkStream] | None) -> None:
+        step = max(1, hit.sample_rate * chunk_ms // 1000)
+        now = time.perf_counter()
+        self._pieces = [AudioChunk(np.ascontiguousarray(hit.samples[i : i + step]), hit.sample_rate, t_ready=now)
+                        for i in range(0, len(hit.samples), step)]  # fmt: skip
+        self._pieces.reverse()
+        self._rest = rest
+        self._stream: ChunkStream | None = None
+        self._given = 0
+        self._cancelled = False
+
+    async def next(self) -> AudioChunk | None:
+        if self._cancelled:
+            return None
+        if self._given and self._rest is not None and self._stream is None:
+            self._stream = self._rest()
+        if self._pieces:
+            self._given += 1
+            return self._pieces.pop()
+        return await self._stream.next() if self._stream is not None else None
+
+    def cancel(self, reason: str) -> None:
+        self._cancelled = True
+        if self._stream is not None:
+            self._stream.cancel(reason)
+
+
+def _timings(marks: dict[str, float], t_in: float, stopped_at: float | None) -> dict[str, float]:
+    """Milliseconds from the request in to each first, and from a stop to the last audio."""
+    out = {k: round(1000 * (marks[k] - t_in), 2) for k in ("llm_first_token", "first_segment", "first_audio")
+           if k in marks}  # fmt: skip
+    if stopped_at is not None:
+        out["cancel_to_silence"] = round(1000 * max(0.0, marks.get("last_audio", stopped_at) - stopped_at), 2)
+    return out
