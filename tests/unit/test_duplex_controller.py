@@ -1,0 +1,516 @@
+"""The duplex turn controller (voxgate/agent/controller.py): scripted event sequences for every
+transition and race, and a fuzz of random event orders against its invariants."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from voxgate.agent.controller import (
+    MARKS,
+    AudioSent,
+    CallEnded,
+    CancelReply,
+    ControllerConfig,
+    ControllerError,
+    DuplexController,
+    FlushAudio,
+    LlmDelta,
+    LlmDone,
+    LlmFailed,
+    Mark,
+    Notify,
+    PlayoutDone,
+    SegmentStarted,
+    SpeechEnded,
+    SpeechStarted,
+    StartReply,
+    StartStt,
+    State,
+    Tick,
+    TraceDone,
+    Transcript,
+    TtsFirstAudio,
+    TurnTrace,
+    has_words,
+)
+from voxgate.bridge.llm import Conversation
+
+SYSTEM = {"role": "system", "content": "Be brief."}
+
+
+def _controller(**config) -> DuplexController:
+    return DuplexController(ControllerConfig(**config), Conversation(system="Be brief."), call_id="c")
+
+
+def _only(actions: list, kind: type):
+    found = [a for a in actions if isinstance(a, kind)]
+    assert len(found) == 1, actions
+    return found[0]
+
+
+def _kinds(actions: list) -> list[str]:
+    return [type(a).__name__ for a in actions]
+
+
+def _ask(c: DuplexController, text: str, at: float) -> str:
+    """The user says `text` (speech at..at+1, transcript at+1.2); returns the reply's trace id."""
+    c.handle(SpeechStarted(at))
+    stt = _only(c.handle(SpeechEnded(at + 1.0)), StartStt)
+    return _only(c.handle(Transcript(stt.trace_id, stt.part, text, at + 1.2)), StartReply).trace_id
+
+
+def _play(c: DuplexController, trace: str, segments: list[tuple[str, float]], at: float) -> None:
+    """The reply's segments are cut and `seconds` of each is published."""
+    for i, (text, seconds) in enumerate(segments):
+        c.handle(SegmentStarted(trace, i, text, at))
+        c.handle(AudioSent(trace, i, seconds, at))
+
+
+def _speaking(at: float = 0.0) -> tuple[DuplexController, str]:
+    """A controller SPEAKING "One. Two." (a second of each published) of reply c-1."""
+    c = _controller()
+    trace = _ask(c, "Count.", at)
+    _play(c, trace, [("One.", 1.0), ("Two.", 1.0)], at + 1.5)
+    assert c.state is State.SPEAKING
+    return c, trace
+
+
+def _trace(actions: list) -> TurnTrace:
+    return _only(actions, TraceDone).trace
+
+
+# ---------------------------------------------------------------------------- a plain turn
+
+
+def test_a_turn_goes_listening_thinking_speaking_listening_with_every_action():
+    c = _controller()
+    assert c.state is State.LISTENING
+    assert c.handle(SpeechStarted(1.0)) == [
+        Notify({"type": "turn.start", "trace_id": "c-1"}),
+        Mark("c-1", "vad_start", 1.0),
+    ]
+    assert c.handle(SpeechEnded(2.0)) == [
+        Mark("c-1", "vad_end", 2.0), Notify({"type": "turn.end", "trace_id": "c-1"}), StartStt("c-1", 0)]  # fmt: skip
+    assert c.state is State.LISTENING
+    assert c.handle(Transcript("c-1", 0, " What time is it? ", 2.3)) == [
+        Mark("c-1", "stt_done", 2.3),
+        Notify({"type": "transcript", "trace_id": "c-1", "text": "What time is it?"}),
+        StartReply("c-1", (SYSTEM, {"role": "user", "content": "What time is it?"})),
+        Notify({"type": "reply.start", "trace_id": "c-1"}),
+    ]
+    assert c.state is State.THINKING
+    assert c.handle(LlmDelta("c-1", "It is", 2.5)) == [Mark("c-1", "llm_first_token", 2.5)]
+    assert c.handle(LlmDelta("c-1", " noon.", 2.55)) == []
+    assert c.handle(SegmentStarted("c-1", 0, "It is noon.", 2.6)) == [Mark("c-1", "first_segment", 2.6)]
+    assert c.handle(TtsFirstAudio("c-1", 2.7)) == [Mark("c-1", "tts_first_audio", 2.7)]
+    assert c.handle(AudioSent("c-1", 0, 0.02, 2.71)) == [Mark("c-1", "first_frame_published", 2.71)]
+    assert c.state is State.SPEAKING
+    assert c.handle(AudioSent("c-1", 0, 0.98, 3.7)) == []
+    assert c.handle(LlmDone("c-1", 2.8)) == []
+    assert c.state is State.SPEAKING  # the LLM finishing does not end the turn; playout does
+    marks = {"vad_start": 1.0, "vad_end": 2.0, "stt_done": 2.3, "llm_first_token": 2.5, "first_segment": 2.6,
+             "tts_first_audio": 2.7, "first_frame_published": 2.71, "playout_done": 3.8}  # fmt: skip
+    assert tuple(marks) == MARKS[:-1]  # every mark but cancel
+    assert c.handle(PlayoutDone("c-1", 3.8)) == [
+        Mark("c-1", "playout_done", 3.8),
+        Notify({"type": "reply.end", "trace_id": "c-1", "status": "completed", "heard": "It is noon."}),
+        TraceDone(TurnTrace("c-1", "completed", "What time is it?", "It is noon.", marks)),
+    ]
+    assert c.state is State.LISTENING and c.turn is None
+    assert c.conversation.turns == [{"role": "user", "content": "What time is it?"},
+                                    {"role": "assistant", "content": "It is noon."}]  # fmt: skip
+    assert not c.ignored
+
+
+def test_the_next_request_carries_the_history():
+    c = _controller()
+    first = _ask(c, "Hi.", 0.0)
+    _play(c, first, [("Hello!", 0.5)], 1.5)
+    c.handle(PlayoutDone(first, 2.0))
+    c.handle(SpeechStarted(3.0))
+    c.handle(SpeechEnded(4.0))
+    reply = _only(c.handle(Transcript("c-2", 0, "Bye.", 4.2)), StartReply)
+    assert reply.messages == (SYSTEM, {"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello!"},
+                              {"role": "user", "content": "Bye."})  # fmt: skip
+
+
+def test_an_empty_transcript_drops_the_turn_with_no_reply():
+    c = _controller()
+    c.handle(SpeechStarted(0.0))
+    c.handle(SpeechEnded(0.5))
+    actions = c.handle(Transcript("c-1", 0, "  ", 0.7))
+    assert _kinds(actions) == ["Mark", "Notify", "Notify", "TraceDone"]
+    assert actions[2] == Notify({"type": "turn.dropped", "trace_id": "c-1", "reason": "empty"})
+    assert _trace(actions).status == "empty"
+    assert c.state is State.LISTENING and c.turn is None and c.conversation.turns == []
+
+
+def test_a_short_turn_while_listening_is_still_transcribed():
+    c = _controller()
+    c.handle(SpeechStarted(0.0))
+    assert _only(c.handle(SpeechEnded(0.1)), StartStt) == StartStt("c-1", 0)  # "No." is short and a turn
+
+
+def test_an_llm_failure_ends_the_turn_as_failed_with_what_was_heard():
+    c = _controller()
+    trace = _ask(c, "Tell me.", 0.0)
+    _play(c, trace, [("Well,", 0.4)], 1.5)
+    assert c.handle(LlmFailed(trace, "llm_timeout", 2.0)) == []
+    done = _trace(c.handle(PlayoutDone(trace, 2.5)))
+    assert (done.status, done.heard, done.error) == ("failed", "Well,", "llm_timeout")
+    assert c.conversation.turns[-1] == {"role": "assistant", "content": "Well,"}
+
+
+def test_a_reply_with_no_audio_carries_the_user_words_into_the_next_turn():
+    c = _controller()
+    trace = _ask(c, "Hmm, Paris.", 0.0)
+    c.handle(LlmDone(trace, 1.5))
+    assert _trace(c.handle(PlayoutDone(trace, 1.6))).heard == ""
+    assert c.conversation.turns == []  # nothing was heard, so nothing enters the history
+    c.handle(SpeechStarted(2.0))
+    c.handle(SpeechEnded(3.0))
+    reply = _only(c.handle(Transcript("c-2", 0, "Hello?", 3.1)), StartReply)
+    assert reply.messages[-1] == {"role": "user", "content": "Hmm, Paris. Hello?"}
+
+
+# ---------------------------------------------------------------------------- barge-in
+
+
+def test_barge_in_silences_first_then_cancels_llm_and_tts_and_records_what_was_heard():
+    c, trace = _speaking()
+    c.handle(AudioSent(trace, 1, 0.1, 3.6))  # 1.1 s of "Two." played
+    assert c.handle(SpeechStarted(4.0)) == [Notify({"type": "turn.start", "trace_id": "c-2"}),
+                                           Mark("c-2", "vad_start", 4.0)]  # fmt: skip
+    assert c.state is State.INTERRUPTING
+    assert c.handle(SpeechEnded(4.5)) == [
+        Mark("c-2", "vad_end", 4.5), Notify({"type": "turn.end", "trace_id": "c-2"}), StartStt("c-2", 0)]  # fmt: skip
+    assert c.state is State.INTERRUPTING  # 0.5 s: the words decide
+    actions = c.handle(Transcript("c-2", 0, "Stop, what about Tuesday?", 4.8))
+    assert _kinds(actions) == ["Mark", "Notify", "FlushAudio", "CancelReply", "Mark", "Notify", "TraceDone",
+                               "StartReply", "Notify"]  # fmt: skip
+    assert actions[2:5] == [FlushAudio(trace), CancelReply(trace, "interrupted"), Mark(trace, "cancel", 4.8)]
+    cut = _trace(actions)
+    assert (cut.trace_id, cut.status, cut.heard, cut.marks["cancel"]) == (trace, "interrupted", "One. Two.", 4.8)
+    assert _only(actions, StartReply).messages[1:] == (
+        {"role": "user", "content": "Count."}, {"role": "assistant", "content": "One. Two."},
+        {"role": "user", "content": "Stop, what about Tuesday?"})  # fmt: skip
+    assert c.state is State.THINKING and c.turn.trace_id == "c-2" and c.pending is None
+
+
+def test_a_segment_cut_before_heard_min_s_is_left_out_of_the_history():
+    c = _controller(heard_min_s=0.3)
+    trace = _ask(c, "Count.", 0.0)
+    _play(c, trace, [("One.", 1.0), ("Two.", 0.2)], 1.5)
+    c.handle(SpeechStarted(3.0))
+    assert _trace(c.handle(Tick(3.9))).heard == "One."  # 0.2 s of "Two." is not "heard"
+    assert c.conversation.turns[-1] == {"role": "assistant", "content": "One."}
+
+
+def test_speech_shorter_than_the_minimum_does_not_interrupt_and_is_not_transcribed():
+    c, trace = _speaking()
+    c.handle(SpeechStarted(4.0))
+    actions = c.handle(SpeechEnded(4.2))
+    assert _kinds(actions) == ["Notify", "TraceDone"] and _trace(actions).status == "short"
+    assert c.state is State.SPEAKING and c.turn.trace_id == trace
+    c.handle(AudioSent(trace, 1, 0.5, 4.3))
+    assert _trace(c.handle(PlayoutDone(trace, 5.0))).status == "completed"
+    assert c.conversation.turns[-1] == {"role": "assistant", "content": "One. Two."}
+
+
+@pytest.mark.parametrize("said", ["uh-huh", "Mm-hmm.", "yeah, ok", "", "..."])
+def test_a_backchannel_or_empty_transcript_does_not_interrupt(said):
+    c, trace = _speaking()
+    c.handle(SpeechStarted(4.0))
+    c.handle(SpeechEnded(4.5))
+    actions = c.handle(Transcript("c-2", 0, said, 4.7))
+    assert not any(isinstance(a, CancelReply | FlushAudio | StartReply) for a in actions)
+    assert _trace(actions).status == ("backchannel" if said.strip(" .") else "empty")
+    assert c.state is State.SPEAKING and c.turn.trace_id == trace and c.pending is None
+
+
+def test_the_backchannel_list_is_configurable():
+    c = DuplexController(ControllerConfig(backchannels=frozenset({"yeah"})))
+    trace = _ask(c, "Count.", 0.0)
+    _play(c, trace, [("One.", 1.0)], 1.5)
+    c.handle(SpeechStarted(3.0))
+    c.handle(SpeechEnded(3.5))
+    assert _only(c.handle(Transcript("call-2", 0, "okay", 3.7)), CancelReply).trace_id == trace
+
+
+def test_speech_still_going_after_confirm_after_s_interrupts_without_waiting_for_words():
+    c, trace = _speaking()
+    c.handle(SpeechStarted(4.0))
+    assert c.handle(Tick(4.7)) == [] and c.state is State.INTERRUPTING
+    actions = c.handle(Tick(4.85))
+    assert actions[:2] == [FlushAudio(trace), CancelReply(trace, "interrupted")]
+    assert c.state is State.LISTENING and c.turn.trace_id == "c-2"  # the user is still talking
+    stt = _only(c.handle(SpeechEnded(6.0)), StartStt)
+    assert _only(c.handle(Transcript(stt.trace_id, 0, "uh-huh", 6.2)), StartReply)  # confirmed: words no longer judged
+
+
+def test_long_speech_interrupts_at_its_end_when_no_tick_came():
+    c, _ = _speaking()
+    c.handle(SpeechStarted(4.0))
+    actions = c.handle(SpeechEnded(5.0))
+    assert _kinds(actions)[:5] == ["Mark", "Notify", "StartStt", "FlushAudio", "CancelReply"]
+    assert c.state is State.LISTENING  # waiting for the transcript of the interruption
+
+
+def test_speech_during_thinking_cancels_the_unheard_reply_and_merges_the_user_words():
+    c = _controller()
+    trace = _ask(c, "I want to fly", 0.0)
+    c.handle(LlmDelta(trace, "Where", 1.3))
+    c.handle(SpeechStarted(1.4))
+    assert c.state is State.INTERRUPTING
+    c.handle(SpeechEnded(2.0))
+    actions = c.handle(Transcript("c-2", 0, "to Paris.", 2.2))
+    assert actions[2:4] == [FlushAudio(trace), CancelReply(trace, "interrupted")]
+    assert _only(actions, StartReply).messages == (SYSTEM, {"role": "user", "content": "I want to fly to Paris."})
+    assert c.conversation.turns == []
+
+
+def test_a_reply_that_finishes_during_an_undecided_interruption_completes_normally():
+    c, trace = _speaking()
+    c.handle(SpeechStarted(4.0))
+    c.handle(SpeechEnded(4.5))
+    actions = c.handle(PlayoutDone(trace, 4.6))
+    assert not any(isinstance(a, CancelReply) for a in actions) and _trace(actions).status == "completed"
+    assert c.state is State.LISTENING and c.turn.trace_id == "c-2"
+    assert _trace(c.handle(Transcript("c-2", 0, "uh-huh", 4.8))).status == "backchannel"  # still no reply to it
+    assert c.turn is None and c.conversation.turns[-1] == {"role": "assistant", "content": "One. Two."}
+
+
+def test_real_words_after_the_reply_finished_start_a_reply_without_a_cancel():
+    c, trace = _speaking()
+    c.handle(SpeechStarted(4.0))
+    c.handle(SpeechEnded(4.5))
+    c.handle(PlayoutDone(trace, 4.6))
+    actions = c.handle(Transcript("c-2", 0, "And three?", 4.8))
+    assert _kinds(actions) == ["Mark", "Notify", "StartReply", "Notify"]
+
+
+# ---------------------------------------------------------------------------- races
+
+
+def test_a_transcript_arriving_after_new_speech_joins_the_same_turn():
+    c = _controller()
+    c.handle(SpeechStarted(0.0))
+    c.handle(SpeechEnded(1.0))
+    assert c.handle(SpeechStarted(1.3)) == []  # the same turn: its first vad_start is kept
+    assert _kinds(c.handle(Transcript("c-1", 0, "Book a table", 1.4))) == ["Mark", "Notify"]  # user still talking
+    assert _only(c.handle(SpeechEnded(2.0)), StartStt) == StartStt("c-1", 1)
+    reply = _only(c.handle(Transcript("c-1", 1, "for two.", 2.2)), StartReply)
+    assert reply.messages[-1] == {"role": "user", "content": "Book a table for two."}
+    assert c.turn.marks["vad_start"] == 0.0 and c.turn.marks["vad_end"] == 2.0
+
+
+def test_transcripts_out_of_order_wait_for_each_other():
+    c = _controller()
+    for t in (0.0, 1.5):
+        c.handle(SpeechStarted(t))
+        c.handle(SpeechEnded(t + 1.0))
+    assert _kinds(c.handle(Transcript("c-1", 1, "world", 2.6))) == ["Mark", "Notify"]
+    assert _only(c.handle(Transcript("c-1", 0, "hello", 2.7)), StartReply).messages[-1]["content"] == "hello world"
+
+
+def test_speech_end_without_start_is_ignored_and_counted():
+    c = _controller()
+    assert c.handle(SpeechEnded(1.0)) == []
+    assert c.ignored["speech_end_without_start"] == 1 and c.state is State.LISTENING
+
+
+def test_a_second_speech_start_is_ignored_and_counted():
+    c = _controller()
+    c.handle(SpeechStarted(1.0))
+    assert c.handle(SpeechStarted(1.1)) == [] and c.ignored["speech_already_started"] == 1
+
+
+@pytest.mark.parametrize("late", [
+    LlmDelta("c-1", "more", 5.0), LlmDone("c-1", 5.0), LlmFailed("c-1", "x", 5.0), TtsFirstAudio("c-1", 5.0),
+    SegmentStarted("c-1", 2, "Three.", 5.0), AudioSent("c-1", 1, 0.02, 5.0), PlayoutDone("c-1", 5.0),
+])  # fmt: skip
+def test_reply_events_for_a_cancelled_turn_are_ignored(late):
+    c, _ = _speaking()
+    c.handle(SpeechStarted(4.0))
+    c.handle(Tick(4.9))  # confirmed: c-1 cancelled
+    history = list(c.conversation.turns)
+    assert c.handle(late) == [] and c.ignored["stale_reply_event"] == 1
+    assert c.conversation.turns == history and c.state is State.LISTENING
+
+
+def test_events_of_the_cancelled_reply_do_not_touch_the_new_one():
+    c, old = _speaking()
+    c.handle(SpeechStarted(4.0))
+    c.handle(SpeechEnded(4.5))
+    new = _only(c.handle(Transcript("c-2", 0, "Stop.", 4.7)), StartReply).trace_id
+    for late in (SegmentStarted(old, 2, "Three.", 4.8), AudioSent(old, 2, 0.5, 4.8), PlayoutDone(old, 4.9)):
+        assert c.handle(late) == []
+    assert c.state is State.THINKING and c.turn.trace_id == new and c.turn.segments == {}
+    assert c.ignored["stale_reply_event"] == 3
+
+
+def test_a_transcript_for_a_dropped_turn_or_a_part_never_asked_is_ignored():
+    c = _controller()
+    c.handle(SpeechStarted(0.0))
+    c.handle(SpeechEnded(0.5))
+    c.handle(Transcript("c-1", 0, "", 0.6))  # c-1 dropped
+    assert c.handle(Transcript("c-1", 0, "late", 0.7)) == []
+    c.handle(SpeechStarted(1.0))
+    assert c.handle(Transcript("c-2", 3, "never asked", 1.1)) == [] and c.ignored["stale_transcript"] == 2
+
+
+def test_a_delta_after_llm_done_a_repeated_segment_and_audio_of_an_unknown_segment_are_ignored():
+    c, trace = _speaking()
+    c.handle(LlmDone(trace, 3.0))
+    assert c.handle(LlmDelta(trace, "extra", 3.1)) == []
+    assert c.handle(SegmentStarted(trace, 0, "Other.", 3.2)) == []
+    assert c.handle(AudioSent(trace, 7, 0.5, 3.3)) == []
+    assert c.ignored == {"delta_after_llm_done": 1, "duplicate_segment": 1, "audio_for_unknown_segment": 1}
+    assert _trace(c.handle(PlayoutDone(trace, 4.0))).heard == "One. Two."
+
+
+def test_a_reply_with_no_event_for_stall_s_is_cancelled_on_a_tick():
+    c = _controller(stall_s=5.0)
+    trace = _ask(c, "Hi.", 0.0)  # the reply started at 1.2
+    assert c.handle(Tick(6.1)) == []
+    actions = c.handle(Tick(6.3))
+    assert actions[:2] == [FlushAudio(trace), CancelReply(trace, "stalled")] and _trace(actions).status == "stalled"
+    assert c.state is State.LISTENING
+
+
+def test_a_turn_whose_transcript_never_comes_is_dropped_on_a_tick():
+    c = _controller(stall_s=5.0)
+    c.handle(SpeechStarted(0.0))
+    c.handle(SpeechEnded(1.0))
+    assert _trace(c.handle(Tick(6.1))).status == "stalled" and c.turn is None
+
+
+@pytest.mark.parametrize("where", ["idle", "user speaking", "awaiting stt", "thinking", "speaking", "interrupting"])
+def test_call_ended_in_any_state_ends_every_turn_and_ignores_what_follows(where):
+    c = _controller()
+    live = None
+    if where in ("user speaking", "awaiting stt"):
+        c.handle(SpeechStarted(0.0))
+    if where == "awaiting stt":
+        c.handle(SpeechEnded(1.0))
+    if where == "thinking":
+        live = _ask(c, "Hi.", 0.0)
+    if where in ("speaking", "interrupting"):
+        c, live = _speaking()
+    if where == "interrupting":
+        c.handle(SpeechStarted(4.0))
+    actions = c.handle(CallEnded(5.0))
+    ended = [a.trace for a in actions if isinstance(a, TraceDone)]
+    assert [t.status for t in ended] == {"idle": [], "interrupting": ["ended", "ended"]}.get(where, ["ended"])
+    if live:
+        assert actions[:2] == [FlushAudio(live), CancelReply(live, "ended")]
+    assert c.state is State.LISTENING and c.turn is None and c.pending is None
+    assert c.handle(SpeechStarted(6.0)) == [] and c.handle(PlayoutDone("c-1", 6.0)) == []
+    assert c.ignored["call_ended"] == 2
+
+
+def test_impossible_events_raise_a_typed_error():
+    with pytest.raises(ControllerError):
+        AudioSent("c-1", 0, -0.02, 1.0)
+    with pytest.raises(ControllerError):
+        Transcript("c-1", -1, "x", 1.0)
+    with pytest.raises(ControllerError):
+        _controller().handle("speech started")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        ControllerConfig(min_interruption_s=1.0, confirm_after_s=0.5)
+
+
+def test_backchannels_are_told_from_words():
+    assert not has_words("Uh-huh.") and not has_words("yeah, yeah ok") and not has_words("") and not has_words("嗯")
+    assert has_words("yeah but no") and has_words("Stop!") and has_words("等一下")
+
+
+# ---------------------------------------------------------------------------- fuzz
+
+# "next" is the plausible next event of the call as it stands (so that runs reach replies and
+# barge-ins); the other kinds come at random, in any order, for the races.
+_KINDS = ["next"] * 8 + ["start", "end", "transcript", "delta", "llm_done", "llm_failed", "segment", "tts", "audio",
+                         "playout", "tick"]  # fmt: skip
+_SAID = ["", "uh-huh", "ok.", "hello there", "wait, stop"]
+
+
+def _next(c: DuplexController, pick: int, said: str, seconds: float, at: float):
+    """What would plausibly happen next (it reads the controller only to choose the input)."""
+    user = c.pending or c.turn
+    if user is not None and user.speaking_since is not None:
+        return SpeechEnded(at)
+    if user is not None and None in user.parts:
+        return Transcript(user.trace_id, user.parts.index(None), said, at)
+    if c.turn is None or not c.turn.replying:
+        return SpeechStarted(at)
+    trace, n = c.turn.trace_id, len(c.turn.segments)
+    if n == 0 or pick == 4:
+        return SegmentStarted(trace, n, f"{trace}#{n}", at)
+    return PlayoutDone(trace, at) if pick == 5 else AudioSent(trace, n - 1, seconds, at)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(_KINDS), st.integers(0, 5), st.integers(0, 3), st.sampled_from(_SAID),
+                          st.floats(0, 0.7), st.sampled_from([0.0, 0.1, 0.5])), min_size=10, max_size=80))  # fmt: skip
+def test_random_event_orders_keep_the_invariants(steps):
+    c = _controller(stall_s=3.0)
+    seen: list[str] = []  # trace ids the controller gave out, newest last
+    asked: dict[str, int] = {}  # the last transcript part asked for, per trace
+    live: set[str] = set()  # replies started and not yet cancelled or finished
+    done: set[str] = set()
+    cut: set[str] = set()  # segment texts fed
+    sounded: set[str] = set()  # segment texts fed, then some audio of them
+
+    def check(actions: list) -> None:
+        for i, action in enumerate(actions):
+            trace = action.trace.trace_id if isinstance(action, TraceDone) else getattr(action, "trace_id", None)
+            if trace is None:
+                trace = action.message["trace_id"]
+            assert trace not in done, f"{action} after its turn ended"
+            if trace not in seen:
+                seen.append(trace)
+            if isinstance(action, StartStt):
+                asked[trace] = action.part
+            elif isinstance(action, StartReply):
+                assert not live, "a new reply while another is live (no cancel before it)"
+                live.add(trace)
+                assert action.messages[-1]["role"] == "user" and action.messages[-1]["content"]
+            elif isinstance(action, FlushAudio):
+                assert trace in live and actions[i + 1] == CancelReply(trace, actions[i + 1].reason)
+            elif isinstance(action, CancelReply):
+                assert trace in live and actions[i - 1] == FlushAudio(trace)
+                live.discard(trace)
+            elif isinstance(action, TraceDone):
+                assert all(p.startswith(f"{trace}#") for p in action.trace.heard.split(" ") if p), "another turn's text"
+                live.discard(trace)
+                done.add(trace)
+        assert c.state in State and (c.state is State.LISTENING) == (not live)
+        assert (c.pending is None) or (c.turn is not None and c.turn.replying)
+        for message in c.conversation.turns:
+            assert message["content"]
+            if message["role"] == "assistant":
+                assert all(p in sounded for p in message["content"].split(" ")), "history holds text nobody heard"
+
+    at = 0.0
+    for kind, pick, index, said, dt, seconds in steps:
+        at += dt
+        # mostly the live reply's id or the newest one; sometimes an older one, or one never given out
+        choices = [*sorted(live), *seen[-1:]] or ["c-99"]
+        trace = choices[pick % len(choices)] if pick < 4 else seen[-2] if pick == 4 and len(seen) > 1 else "c-99"
+        part = asked.get(trace, 0) if index < 3 else index
+        event = _next(c, pick, said, seconds, at) if kind == "next" else {
+            "start": SpeechStarted(at), "end": SpeechEnded(at), "transcript": Transcript(trace, part, said, at),
+            "delta": LlmDelta(trace, "x", at), "llm_done": LlmDone(trace, at), "llm_failed": LlmFailed(trace, "e", at),
+            "segment": SegmentStarted(trace, index, f"{trace}#{index}", at), "tts": TtsFirstAudio(trace, at),
+            "audio": AudioSent(trace, index, seconds, at), "playout": PlayoutDone(trace, at), "tick": Tick(at),
+        }[kind]  # fmt: skip
+        if isinstance(event, SegmentStarted):
+            cut.add(event.text)
+        if isinstance(event, AudioSent) and event.duration_s > 0 and f"{event.trace_id}#{event.segment}" in cut:
+            sounded.add(f"{event.trace_id}#{event.segment}")
+        check(c.handle(event))
+    check(c.handle(CallEnded(at + 1)))
+    assert not live and c.turn is None and c.pending is None
+    assert set(seen) == done  # every turn ended with a trace: none stuck
