@@ -1,0 +1,1 @@
+"""The full-duplex voice agent: VAD, STT, the duplex turn controller and its drivers."""
