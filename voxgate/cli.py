@@ -1,4 +1,4 @@
-"""Command line: voxgate serve | say | voices | bench."""
+"""Command line: voxgate serve | say | voices | chat | bench | load | protocol-schema | make-random-checkpoint."""
 
 from __future__ import annotations
 
@@ -135,6 +135,24 @@ def cmd_bench_tts(args: argparse.Namespace) -> int:
     return run_tts_bench(args)
 
 
+def cmd_bench_bridge(args: argparse.Namespace) -> int:
+    from voxgate.bench.bridge import run_bridge_bench
+
+    return run_bridge_bench(args)
+
+
+def cmd_bench_vad_stt(args: argparse.Namespace) -> int:
+    from voxgate.bench.vad_stt import run_vad_stt_bench
+
+    return run_vad_stt_bench(args)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from voxgate.bridge.chat import run_chat
+
+    return run_chat(args)
+
+
 def cmd_load(args: argparse.Namespace) -> int:
     from voxgate.bench.load import run_load
 
@@ -201,11 +219,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_tts_arguments(tts)
     tts.set_defaults(func=cmd_bench_tts)
 
+    from voxgate.bench.bridge import add_arguments as add_bridge_arguments
+
+    bridge = bench.add_parser("bridge", help="LLM-to-speech bridge: first audio vs LLM first token, cancel->silence")
+    add_bridge_arguments(bridge)
+    bridge.set_defaults(func=cmd_bench_bridge)
+
+    from voxgate.bench.vad_stt import add_arguments as add_vad_stt_arguments
+
+    vad_stt = bench.add_parser("vad-stt", help="Silero VAD ms per window and whisper tiny.en RTF on this machine")
+    add_vad_stt_arguments(vad_stt)
+    vad_stt.set_defaults(func=cmd_bench_vad_stt)
+
     from voxgate.bench.load import add_arguments as add_load_arguments
 
     load = sub.add_parser("load", help="WebSocket gateway load test with fault injection (a running server)")
     add_load_arguments(load)
     load.set_defaults(func=cmd_load)
+
+    from voxgate.bridge.chat import add_arguments as add_chat_arguments
+
+    chat = sub.add_parser("chat", help="talk to a running server's LLM bridge; replies are spoken as they are written")
+    add_chat_arguments(chat)
+    chat.set_defaults(func=cmd_chat)
 
     schema = sub.add_parser("protocol-schema", help="JSON schema of the WebSocket protocol's client messages")
     schema.set_defaults(func=cmd_protocol_schema)

@@ -147,3 +147,26 @@ def test_a_down_llm_server_ends_the_reply_with_a_typed_failure():
         assert done["type"] == "done" and done["status"] == "failed" and done["code"] == "llm_unavailable"
         assert "cannot reach the LLM server" in done["message"]
         assert httpx.get(server.url + "/healthz").status_code == 200
+
+
+def test_a_paced_reply_flows_in_real_time_so_a_stop_leaves_little_at_the_client(bridge):
+    body = {**ASK, "pacing": True, "pacing_lead_ms": 200}
+    rate = None
+    with httpx.stream("POST", bridge.url + "/v1/bridge/stream", json=body, timeout=60) as response:
+        rate, reply_id = int(response.headers["x-sample-rate"]), response.headers["x-bridge-id"]
+        received, first, stop_at, after_stop = 0.0, None, None, 0
+        for event in _events(response):
+            if event["type"] != "audio":
+                continue
+            now = time.perf_counter()
+            first = first or now
+            if stop_at is not None:
+                after_stop += 1
+                continue
+            received += len(base64.b64decode(event["data"])) / 2 / rate
+            assert received <= (now - first) + 0.2 + 0.05  # never more than the lead ahead (+ one piece)
+            if received >= 1.5:
+                stop_at = now
+                assert httpx.post(f"{bridge.url}/v1/bridge/{reply_id}/stop").status_code == 200
+    assert stop_at is not None and now - first >= 1.5 - 0.2 - 0.05  # 1.5 s of audio took real time
+    assert after_stop <= 2  # at most the piece being written when the stop came

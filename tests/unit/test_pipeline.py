@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from voxgate.bridge.pipeline import ReplyPipeline, heard_text
@@ -15,7 +17,7 @@ from voxgate.bridge.segmenter import Segment
 from voxgate.config import Settings
 from voxgate.engines.registry import create_engine
 from voxgate.serving.stream import EngineStream
-from voxgate.types import SynthesisRequest
+from voxgate.types import AudioChunk, SynthesisRequest
 
 REPLY = "Sure, here it is. The first sentence is short. Then a second one follows it. And the last one ends."
 
@@ -80,6 +82,32 @@ def test_cancel_stops_within_a_chunk_and_reports_what_was_spoken():
     pipeline, _ = asyncio.run(run())
     assert pipeline.spoken() == "Sure, here it is. The first sentence is short."  # the cut segment counts
     assert all(stream.token.cancelled for stream in synth.streams)
+
+
+class Unstoppable:
+    """A stream whose chunks take 0.4 s and cannot be cut short, as Piper's whole-sentence synthesis."""
+
+    def __init__(self, segment: Segment) -> None:
+        self.left = 3
+
+    async def next(self) -> AudioChunk | None:
+        await asyncio.shield(asyncio.sleep(0.4))
+        self.left -= 1
+        return AudioChunk(np.zeros(100, np.float32), 24000) if self.left >= 0 else None
+
+    def cancel(self, reason: str) -> None:
+        pass
+
+
+def test_cancel_ends_the_reply_at_once_even_with_a_chunk_in_flight():
+    async def run() -> float:
+        pipeline = ReplyPipeline(Unstoppable)
+        loop = asyncio.get_running_loop()
+        async for _segment, _chunk in pipeline.run(_deltas(REPLY)):
+            loop.call_later(0.05, pipeline.cancel)  # while the next chunk is being made
+        return time.perf_counter() - pipeline.stopped_at
+
+    assert asyncio.run(run()) < 0.1  # not the rest of the 0.4 s chunk in flight
 
 
 def test_latest_drops_stale_main_segments_but_keeps_the_first_and_the_last():

@@ -55,6 +55,7 @@ class ReplyPipeline:
         self.stats = PipelineStats()
         self._queue: deque[Segment] = deque()
         self._arrived = asyncio.Event()
+        self._stopped = asyncio.Event()
         self._llm_done = False
         self._cancelled = False
         self._streams: list[ChunkStream] = []
@@ -72,7 +73,7 @@ class ReplyPipeline:
             upcoming: tuple[Segment, ChunkStream] | None = None
             stream = self._open(current) if current else None
             while current is not None and stream is not None and not self._cancelled:
-                while (chunk := await stream.next()) is not None and not self._cancelled:
+                while (chunk := await self._next_chunk(stream)) is not None and not self._cancelled:
                     if upcoming is None and self._queue:  # overlap: the next segment starts now
                         nxt = self._take()
                         upcoming = (nxt, self._open(nxt)) if nxt else None
@@ -101,10 +102,16 @@ class ReplyPipeline:
             stream.cancel("barge_in")
         self._stop_producer()
         self._arrived.set()
+        self._stopped.set()
 
     @property
     def cancelled(self) -> bool:
         return self._cancelled
+
+    @property
+    def stopped(self) -> asyncio.Event:
+        """Set by `cancel()`: something to wait on alongside other work."""
+        return self._stopped
 
     def spoken(self) -> str:
         """The reply as far as it was handed out (a cut segment included up to where it stopped)."""
@@ -137,6 +144,19 @@ class ReplyPipeline:
             self.stats.queue_peak = max(self.stats.queue_peak, len(self._queue))
         if segments:
             self._arrived.set()
+
+    async def _next_chunk(self, stream: ChunkStream) -> AudioChunk | None:
+        """The stream's next chunk, or None at once on `cancel()` (not after the chunk in flight)."""
+        if self._cancelled:
+            return None
+        chunk = asyncio.ensure_future(stream.next())
+        stop = asyncio.ensure_future(self._stopped.wait())
+        await asyncio.wait((chunk, stop), return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not chunk.done():
+            chunk.cancel()  # the engine's own work stops through stream.cancel()
+            return None
+        return chunk.result()
 
     def _take(self) -> Segment | None:
         return self._queue.popleft() if self._queue else None

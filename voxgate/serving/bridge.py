@@ -1,6 +1,9 @@
 """`POST /v1/bridge/stream`: chat messages in, the LLM's reply spoken as it is written;
 `POST /v1/bridge/{id}/stop`: barge-in. (The WebSocket variant is `serving/bridge_ws.py`.)
 
+The body: `messages` (chat format) and the reply options `voice`, `language`, `policy`
+(block | latest), `max_tokens`, `temperature`, `pacing` (send audio in real time, at most
+`pacing_lead_ms` ahead, so a stop leaves little buffered at the client).
 The response is server-sent events by default (`data: {...}` lines): `segment` {index, text,
 kind, trigger, cached} when a segment starts speaking, `audio` {segment, data (base64 16-bit
 PCM at the `x-sample-rate` header's rate)}, then one `done` {status, spoken, segments,

@@ -11,6 +11,8 @@ played (`played_ms`), the text it heard. Per-reply timings go to `/metrics` as w
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -43,6 +45,8 @@ class ReplyOptions(BaseModel):
     policy: Literal["block", "latest"] = "block"
     max_tokens: int | None = Field(None, ge=1, le=4096)
     temperature: float | None = Field(None, ge=0, le=2)
+    pacing: bool = Field(False, description="send audio in real time, `pacing_lead_ms` ahead of playback")
+    pacing_lead_ms: int = Field(300, ge=0, le=10_000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +94,7 @@ class Reply:
         base = state.llm_url()
         if base is None:
             raise LLMNotConfigured(state.llm_error or "no LLM is configured (VOXGATE_LLM_URL or VOXGATE_LLM_EMBEDDED)")
-        self.state, self.messages, self.t_in, self.client = state, messages, t_in, client
+        self.state, self.options, self.messages, self.t_in, self.client = state, options, messages, t_in, client
         self.plan = state.voice_plan(options.voice, "pcm", None, options.language)
         self.engine = state.require_engine()
         voice = self.plan.request.voice
@@ -101,6 +105,7 @@ class Reply:
         self.spans: list[list[Any]] = []  # [text, seconds of audio handed out] per segment
         self.played_s: float | None = None  # how much the client said it played, at a stop
         self._cached: set[int] = set()
+        self._play_end = 0.0  # pacing: when the audio sent so far ends playing at the client
         state.limiter.acquire(client)  # last: nothing above may fail after the slot is taken
         state.metrics.active_streams.set(state.limiter.active)
         self._released = False
@@ -136,6 +141,8 @@ class Reply:
                     yield SegmentStarted(segment.index, segment.text, segment.kind, segment.trigger,
                                          segment.index in self._cached)  # fmt: skip
                 for part in split_bytes(encoder.encode(chunk.samples), piece):
+                    if self.options.pacing:
+                        await self._pace(len(part) / bytes_per_s)
                     if self.pipeline.cancelled:
                         break
                     self.marks.setdefault("first_audio", time.perf_counter())
@@ -169,6 +176,18 @@ class Reply:
                 return EngineStream(self.engine, replace(request, text=hit.remainder), self.state.executor)
 
         return CachedOpener(hit, self.state.settings.chunk_ms, rest)
+
+    async def _pace(self, seconds: float) -> None:
+        """Hold a piece of `seconds` until the client's buffer (audio sent but not yet played,
+        on a playback clock that waits through gaps) is at most `pacing_lead_ms`; a stop ends the wait."""
+        now = time.perf_counter()
+        buffered = self._play_end - now
+        wait = buffered - self.options.pacing_lead_ms / 1000
+        if wait > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.pipeline.stopped.wait(), wait)
+            now = time.perf_counter()
+        self._play_end = max(self._play_end, now) + seconds
 
     def _release(self) -> None:
         if not self._released:
