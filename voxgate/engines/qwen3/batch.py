@@ -143,6 +143,9 @@ class BatchDecoder:
         self.codec_state.freeze_rows(self.device, s)
         self.out_codes = torch.zeros(s, groups, dtype=torch.long, **z)
         self.out_pcm = torch.zeros(s, codec.config.samples_per_frame, dtype=self.dtype, **z)
+        # On a GPU the codec decodes a frame on a second stream while the talker steps (both
+        # are chains of small kernels that leave most of the GPU idle at small batches).
+        self._codec_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         # The fused sampler (with the Triton kernels, and top-k on): its embedding buffers.
         self.fused_sampler = talker.model.kernels and self.sample_width > 0
         if self.fused_sampler:
@@ -173,11 +176,22 @@ class BatchDecoder:
             codes, embeds = self.out_codes[:b], self._draw_fused(b, noise)
         else:
             codes, embeds = self._draw(b, noise)
+        side = self._codec_stream
+        if side is not None:  # the frame's decode needs only its codes: beside the talker step
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._decode(b, codes)
         hidden, logits = talker.step(embeds[:, None], self.cache.view(slice(0, b), length), self.position[:b])
         self.hidden[:b].copy_(hidden)
         self.logits[:b].copy_(logits)
         self.position[:b] += self.active[:b]
         self.draws[:b] += self.active[:b]
+        if side is None:
+            self._decode(b, codes)
+        else:
+            torch.cuda.current_stream().wait_stream(side)
+
+    def _decode(self, b: int, codes: torch.Tensor) -> None:
         audio = codes.clamp(max=self.codec.config.codebook_size - 1)[:, :, None]  # EOS rows decode a stand-in
         self.out_pcm[:b].copy_(self.codec.run(audio, self.codec_state.rows(b)))
 
