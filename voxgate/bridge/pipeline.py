@@ -39,6 +39,7 @@ class PipelineStats:
     segments: int = 0
     dropped: int = 0
     queue_peak: int = 0
+    first_cut_at: float | None = None  # perf_counter() when the segmenter gave the first segment
     triggers: dict[str, int] = field(default_factory=dict)
 
 
@@ -134,6 +135,8 @@ class ReplyPipeline:
             self._arrived.set()
 
     def _add(self, segments: list[Segment]) -> None:
+        if segments and self.stats.first_cut_at is None:
+            self.stats.first_cut_at = time.perf_counter()
         for segment in segments:
             self.stats.triggers[segment.trigger] = self.stats.triggers.get(segment.trigger, 0) + 1
             if self.policy == "latest":

@@ -136,7 +136,6 @@ class Reply:
             async for segment, chunk in self.pipeline.run(self._stamped(self.llm.stream(self.messages))):
                 if segment.index != current:
                     current = segment.index
-                    self.marks.setdefault("first_segment", time.perf_counter())
                     self.spans.append([segment.text, 0.0])
                     yield SegmentStarted(segment.index, segment.text, segment.kind, segment.trigger,
                                          segment.index in self._cached)  # fmt: skip
@@ -204,6 +203,8 @@ class Reply:
         self._release()
         stats = self.pipeline.stats
         stopped = self.pipeline.stopped_at if status == "cancelled" else None
+        if stats.first_cut_at is not None:
+            self.marks["first_segment"] = stats.first_cut_at
         timings = _timings(self.marks, self.t_in, stopped)
         metrics = self.state.metrics
         for stage, ms in timings.items():

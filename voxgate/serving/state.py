@@ -99,7 +99,7 @@ class ServerState:
         from voxgate.bridge.embedded import EmbeddedLLM
 
         try:
-            self.llm = EmbeddedLLM(s.llm_model_path, s.llm_context, s.llm_parallel)
+            self.llm = EmbeddedLLM(s.llm_model_path, s.llm_context, s.llm_parallel, s.llm_threads)
             self.llm.start()
         except VoxgateError as exc:
             self.llm, self.llm_error = None, exc.message
