@@ -17,16 +17,20 @@ import sys
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
-from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-from voxgate.agent.webrtc import INBOUND_RATE, EventChannel, InboundAudio, OutboundAudio, low_latency_receiver
 from voxgate.types import VoxgateError
 
+if TYPE_CHECKING:  # aiortc takes ~0.7 s to import: not when the CLI only builds its parser
+    from aiortc import MediaStreamTrack, RTCPeerConnection
+
+    from voxgate.agent.webrtc import InboundAudio
+
 CONNECT_TIMEOUT_S = 10.0
+RECORD_RATE = 16000
 
 
 class BotError(VoxgateError):
@@ -45,7 +49,9 @@ class AgentBot:
     """`await bot.connect(url)`, `await bot.say(pcm, rate)`, read `bot.audio` / `bot.events`,
     `await bot.close()`."""
 
-    def __init__(self, record_rate: int = INBOUND_RATE, api_key: str | None = None) -> None:
+    def __init__(self, record_rate: int = RECORD_RATE, api_key: str | None = None) -> None:
+        from voxgate.agent.webrtc import EventChannel, OutboundAudio
+
         self.record_rate = record_rate
         self.api_key = api_key
         self.call_id: str | None = None
@@ -71,6 +77,8 @@ class AgentBot:
             raise
 
     async def _connect(self, url: str, timeout_s: float) -> str:
+        from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
         self._url = url
         pc = self._pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         connected = asyncio.Event()
@@ -160,6 +168,8 @@ class AgentBot:
         return response.json()  # type: ignore[no-any-return]
 
     def _on_track(self, track: MediaStreamTrack) -> None:
+        from voxgate.agent.webrtc import InboundAudio, low_latency_receiver
+
         if track.kind == "audio" and self._inbound is None and self._pc is not None:
             low_latency_receiver(self._pc, track)
             self._inbound = InboundAudio(track, self.record_rate)
@@ -209,7 +219,7 @@ def run_agent_bot(args: argparse.Namespace) -> int:
         return 1
     audio = summary.pop("audio")
     if args.out:
-        Path(args.out).write_bytes(wav_bytes(audio, INBOUND_RATE))
+        Path(args.out).write_bytes(wav_bytes(audio, RECORD_RATE))
     for key, value in summary.items():
         print(f"{key}: {value}")
     return 0
@@ -231,7 +241,7 @@ async def _call(url: str, pcm: np.ndarray, rate: int, wait_s: float, api_key: st
         "call_id": call_id,
         "connect_ms": round(1000 * (t_connected - t0), 1),
         "said_s": round(len(pcm) / rate, 2),
-        "received_s": round(len(audio) / INBOUND_RATE, 2),
+        "received_s": round(len(audio) / RECORD_RATE, 2),
         "first_audio_after_speech_ms": round(1000 * (loud[0] - t_said), 1) if loud else None,
         "events": [e.get("type") for _, e in bot.events],
         "audio": audio,
