@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from voxgate.engines.qwen3 import gemv
 from voxgate.engines.qwen3.codec import CodecDecoder, DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.fused_sampler import FRAME_ADD, FRAME_SET, RowSettings, TalkerScores, TextRows, sample_codes
@@ -232,8 +233,9 @@ class BatchDecoder:
             position += inputs.shape[1]
             table = cp.model.codec_embedding[j].weight
             following = self._next[:b] if j < last else None
-            sample_codes(cp.lm_head[j](out), noise[:, j + 1], sub, width, nucleus, codes[:, j + 1], table, following,
-                         frame, FRAME_ADD, text=text if j == last else None)  # fmt: skip
+            logits = gemv.linear(out, cp.lm_head[j].weight)
+            sample_codes(logits, noise[:, j + 1], sub, width, nucleus, codes[:, j + 1], table, following, frame,
+                         FRAME_ADD, text=text if j == last else None)  # fmt: skip
             if following is not None:
                 inputs = project(following)[:, None]
         return text.out

@@ -12,11 +12,13 @@ norm+residual, gate/up, SiLU*up, down (see `kernels.py`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voxgate.engines.qwen3 import kernels, ops
+from voxgate.engines.qwen3 import gemv, kernels, ops
 from voxgate.engines.qwen3.config import StackConfig
 
 
@@ -93,28 +95,21 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         return ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin), v
 
-    def forward_kernels(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        cache: KVCache,
-        layer: int,
-        positions: int | torch.Tensor,
-        end: int,
-        mask: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """`forward` with the fused kernels: new positions from `positions` (an int for all rows,
-        or (B,)), attention over the first `end` cache slots under `mask`; `rope` the tables."""
-        assert self.qkv is not None and self.qk_norm is not None
-        b, t, _ = x.shape
+    def attend(self, qkv: torch.Tensor, cache: KVCache, layer: int, span: Span) -> torch.Tensor:
+        """Attention with the fused kernels from the q/k/v projection's output `qkv`
+        (B, T, (H + 2 KV) * D): new positions at `span.positions`, attention over the first
+        `span.end` cache slots under `span.mask`."""
+        assert self.qk_norm is not None
+        b, t, _ = qkv.shape
         q = kernels.qk_norm_rope_store(
-            F.linear(x, self.qkv), self.qk_norm, *rope, cache.k[layer], cache.v[layer],
-            self.heads, self.kv_heads, self.q_norm.eps, positions,
+            qkv, self.qk_norm, *span.rope, cache.k[layer], cache.v[layer],
+            self.heads, self.kv_heads, self.q_norm.eps, span.positions,
         )  # fmt: skip
+        end = span.end
         out = F.scaled_dot_product_attention(
-            q, cache.k[layer, :, :, :end], cache.v[layer, :, :, :end], attn_mask=mask, enable_gqa=True
+            q, cache.k[layer, :, :, :end], cache.v[layer, :, :, :end], attn_mask=span.mask, enable_gqa=True
         )
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        return gemv.linear(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim), self.o_proj.weight)
 
     def forward(
         self,
@@ -168,6 +163,17 @@ class Attention(nn.Module):
         scores = scores.masked_fill(~step.visible, float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         return torch.matmul(probs, values).reshape(b, 1, self.heads * self.head_dim)
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Where a fused-kernel forward writes and reads: RoPE tables, the new positions (an int for
+    every row, or (B,)), the attended cache slots [0, end) and the mask over them."""
+
+    rope: tuple[torch.Tensor, torch.Tensor]
+    positions: int | torch.Tensor
+    end: int
+    mask: torch.Tensor | None
 
 
 class StepIndex:
@@ -293,10 +299,17 @@ class DecoderStack(nn.Module):
         else:
             positions, end = start, start + t
             mask = None if t == 1 else torch.ones(t, end, dtype=torch.bool, device=x.device).tril(start)
+        layers = self._forward_one_row if gemv.fits(x, self.layers[0].mlp.down_proj.weight) else self._forward_rows
+        return layers(x, cache, Span(rope, positions, end, mask))
+
+    def _forward_rows(self, x: torch.Tensor, cache: KVCache, span: Span) -> torch.Tensor:
+        """The layers of `_forward_kernels` for any number of rows (cuBLAS products)."""
         eps = self.norm.eps
         residual, h = kernels.add_rms_norm(x, None, self.layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(self.layers):
-            attended = layer.self_attn.forward_kernels(h, rope, cache, i, positions, end, mask)
+            attn = layer.self_attn
+            assert attn.qkv is not None
+            attended = attn.attend(F.linear(h, attn.qkv), cache, i, span)
             residual, h = kernels.add_rms_norm(residual, attended, layer.post_attention_layernorm.weight, eps)
             mlp = layer.mlp
             assert mlp.gate_up is not None
@@ -304,3 +317,18 @@ class DecoderStack(nn.Module):
             following = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
             residual, h = kernels.add_rms_norm(residual, out, following.weight, eps)
         return h
+
+    def _forward_one_row(self, x: torch.Tensor, cache: KVCache, span: Span) -> torch.Tensor:
+        """`_forward_rows` for one row: each residual add + norm, and SiLU*up, runs inside
+        the matrix-vector product after it (`gemv.py`), six kernels per layer instead of nine."""
+        eps = self.norm.eps
+        residual, delta = x, None
+        for i, layer in enumerate(self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            assert attn.qkv is not None and mlp.gate_up is not None
+            residual, qkv = gemv.norm_linear(residual, delta, layer.input_layernorm.weight, eps, attn.qkv)
+            attended = attn.attend(qkv, cache, i, span)
+            residual, gate_up = gemv.norm_linear(residual, attended, layer.post_attention_layernorm.weight, eps,
+                                                 mlp.gate_up)  # fmt: skip
+            delta = gemv.silu_linear(gate_up, mlp.down_proj.weight)
+        return kernels.add_rms_norm(residual, delta, self.norm.weight, eps)[1]

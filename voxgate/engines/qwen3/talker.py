@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from voxgate.engines.qwen3 import gemv
 from voxgate.engines.qwen3.config import TalkerConfig
 from voxgate.engines.qwen3.layers import DecoderStack, KVCache
 
@@ -93,4 +94,6 @@ class Talker(nn.Module):
     def step(self, embeds: torch.Tensor, cache: KVCache, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Run positions start..; return (last final-normed hidden (B, H), codebook-0 logits (B, V))."""
         hidden = self.model(embeds, cache, start)[:, -1]
+        if self.model.kernels:
+            return hidden, gemv.linear(hidden, self.codec_head.weight).float()
         return hidden, self.codec_head(hidden).float()
