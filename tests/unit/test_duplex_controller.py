@@ -163,6 +163,17 @@ def test_an_llm_failure_ends_the_turn_as_failed_with_what_was_heard():
     assert c.conversation.turns[-1] == {"role": "assistant", "content": "Well,"}
 
 
+def test_a_failed_reply_with_nothing_heard_does_not_carry_its_words():
+    c = _controller()
+    trace = _ask(c, "Tell me.", 0.0)
+    c.handle(LlmFailed(trace, "llm_bad_response", 1.0))
+    assert _trace(c.handle(PlayoutDone(trace, 1.1))).status == "failed"
+    c.handle(SpeechStarted(2.0))
+    c.handle(SpeechEnded(3.0))
+    reply = _only(c.handle(Transcript("c-2", 0, "Hello?", 3.1)), StartReply)
+    assert reply.messages[-1] == {"role": "user", "content": "Hello?"}  # not "Tell me. Hello?"
+
+
 def test_a_reply_with_no_audio_carries_the_user_words_into_the_next_turn():
     c = _controller()
     trace = _ask(c, "Hmm, Paris.", 0.0)

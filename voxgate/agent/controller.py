@@ -423,8 +423,8 @@ class DuplexController:
         heard = turn.heard(cut, self.config.heard_min_s)
         if heard:
             self.conversation.record(turn.user, heard)
-        else:
-            self._carry = turn.user
+        elif status != "failed":  # nothing heard: the words join the next turn (not after a failure,
+            self._carry = turn.user  # which more words would not fix and would only make longer)
         self._notify("reply.end", turn, status=status, heard=heard)
         self._finish(turn, status, heard)
         waiting, self.pending = self.pending, None

@@ -142,12 +142,17 @@ class Conversation:
 
     system: str | None = None
     max_turns: int = 20
+    max_chars: int = 6000  # the history sent is cut (oldest turns first) to fit the LLM's context
     turns: list[dict[str, str]] = field(default_factory=list)
 
     def messages(self, user: str) -> list[dict[str, str]]:
-        """The request for a new user turn (not yet recorded)."""
+        """The request for a new user turn (not yet recorded): the newest whole turns that fit."""
         head = [{"role": "system", "content": self.system}] if self.system else []
-        return [*head, *self.turns[-2 * self.max_turns :], {"role": "user", "content": user}]
+        budget = self.max_chars - len(self.system or "") - len(user)
+        kept = self.turns[-2 * self.max_turns :]
+        while kept and sum(len(m["content"]) for m in kept) > budget:
+            kept = kept[2:]  # a user message and its reply go together
+        return [*head, *kept, {"role": "user", "content": user}]
 
     def record(self, user: str, spoken: str) -> None:
         """The finished turn: what the user said and what of the reply was actually heard."""

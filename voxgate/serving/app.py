@@ -23,6 +23,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from voxgate import __version__
 from voxgate.config import Settings
 from voxgate.engines.base import Engine
+from voxgate.serving.agent_http import AgentCalls, agent_calls
+from voxgate.serving.agent_http import router as agent_router
 from voxgate.serving.bridge import router as bridge_router
 from voxgate.serving.bridge_ws import router as bridge_ws_router
 from voxgate.serving.http import router
@@ -38,7 +40,7 @@ log = logging.getLogger(__name__)
 _OPEN_PATHS = ("/healthz",)
 _SAFE_ID = re.compile(rb"[A-Za-z0-9._:-]+")
 _KNOWN_PATHS = ("/tts/stream", "/v1/audio/speech", "/v1/voices", "/healthz", "/metrics", "/debug/timings",
-                "/v1/chat/completions", "/v1/bridge/stream")  # fmt: skip
+                "/v1/chat/completions", "/v1/bridge/stream", "/v1/agent/offer")  # fmt: skip
 
 
 def create_app(
@@ -60,6 +62,8 @@ def create_app(
         try:
             yield
         finally:
+            if settings.agent_max_calls:
+                await agent_calls(app.state).close_all()
             await loader
             state.close()
 
@@ -71,6 +75,12 @@ def create_app(
     app.include_router(llm_router)
     app.include_router(bridge_router)
     app.include_router(bridge_ws_router)
+    if settings.agent_max_calls:  # the voice agent over WebRTC
+        from voxgate.agent.service import AgentService
+
+        app.state.agent_calls = AgentCalls(max_calls=settings.agent_max_calls)
+        app.state.agent_factory = AgentService(state)
+        app.include_router(agent_router)
     _install_error_handlers(app, state.metrics)
     app.add_middleware(RequestGate, settings=settings, metrics=state.metrics)
     return app

@@ -101,7 +101,7 @@ class _Call:
     def __init__(self, state: ServerState, websocket: WebSocket) -> None:
         self.state, self.ws = state, websocket
         self.options = ReplyOptions()
-        self.conversation = Conversation()
+        self.conversation = Conversation(max_chars=state.history_chars())
         self.reply: Reply | None = None
         self.speaker: asyncio.Task[None] | None = None
         self.replies = 0

@@ -52,6 +52,11 @@ class Metrics:
                                            buckets=(0, 1, 2, 3, 5, 8, 13, 21), registry=r)  # fmt: skip
         self.bridge_replies = Counter("voxgate_bridge_replies_total", "Bridge replies by how they ended.", ["status"],
                                       registry=r)  # fmt: skip
+        self.agent = Histogram("voxgate_agent_seconds", "Voice agent turns: from the end of the user's turn (VAD) "
+                               "to STT done / LLM first token / first segment / TTS first audio / first frame "
+                               "published.", ["stage"], buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.agent_turns = Counter("voxgate_agent_turns_total", "Voice agent turns by how they ended.", ["status"],
+                                   registry=r)  # fmt: skip
         self.ws_sessions = Gauge("voxgate_ws_sessions", "WebSocket sessions held (attached or awaiting resume).",
                                  registry=r)  # fmt: skip
         self.ws_detached = Gauge("voxgate_ws_sessions_detached", "WebSocket sessions awaiting a resume.", registry=r)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -99,11 +100,21 @@ class ServerState:
         from voxgate.bridge.embedded import EmbeddedLLM
 
         try:
-            self.llm = EmbeddedLLM(s.llm_model_path, s.llm_context, s.llm_parallel, s.llm_threads)
+            self.llm = EmbeddedLLM(
+                s.llm_model_path, s.llm_context, s.llm_parallel, s.llm_threads or max(1, (os.cpu_count() or 2) // 2)
+            )
             self.llm.start()
         except VoxgateError as exc:
             self.llm, self.llm_error = None, exc.message
             log.warning("embedded LLM not started: %s", exc.message)
+
+    def history_chars(self) -> int:
+        """How much conversation to send the LLM: about half the embedded LLM's context (~3
+        characters a token), leaving the rest for the reply; an external LLM gets 6000."""
+        s = self.settings
+        if s.llm_url or not s.llm_embedded:
+            return 6000
+        return s.llm_context * 3 // 2
 
     def llm_url(self) -> str | None:
         """The OpenAI-compatible base URL the bridge and /v1/chat/completions use."""

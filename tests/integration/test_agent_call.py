@@ -1,0 +1,77 @@
+"""A real voice call: an aiortc bot speaks Piper-made speech into `voxgate serve`'s agent
+(Silero VAD -> whisper tiny.en -> embedded SmolLM2 -> Piper) and records what comes back."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import numpy as np
+import pytest
+
+from voxgate.agent.bot import AgentBot
+from voxgate.engines.piper import PiperEngine
+from voxgate.types import CancelToken, SynthesisRequest
+
+
+@pytest.fixture(scope="module")
+def speak():
+    engine = PiperEngine()
+    voice = engine.voices()[0].id
+
+    def say(text: str) -> tuple[np.ndarray, int]:
+        chunks = list(engine.stream(SynthesisRequest(text=text, voice=voice), CancelToken()))
+        return np.concatenate([c.samples for c in chunks]), chunks[0].sample_rate
+
+    return say
+
+
+def _rms(x: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(x)))) if len(x) else 0.0
+
+
+def _of(bot: AgentBot, kind: str) -> list[dict]:
+    return [e for _, e in bot.events if e.get("type") == kind]
+
+
+def test_a_spoken_question_gets_a_spoken_answer_with_a_trace(bridge, speak):
+    async def call() -> None:
+        bot = AgentBot()
+        await bot.connect(bridge.url)
+        try:
+            assert await bot.wait_event("call.started", 10)
+            said = await bot.say(*speak("What is the capital of France?"))
+            assert await bot.wait_for(lambda: bool(_of(bot, "reply.end")), 60), [e for _, e in bot.events]
+            transcript = _of(bot, "transcript")[0]["text"].lower()
+            assert "capital" in transcript and "france" in transcript
+            end = _of(bot, "reply.end")[0]
+            assert end["status"] == "completed" and end["heard"]
+            assert _rms(bot.received_audio(since=said)) > 0.01  # the reply is audible
+        finally:
+            await bot.hang_up()
+
+    asyncio.run(asyncio.wait_for(call(), 120))
+    metrics = httpx.get(bridge.url + "/metrics").text
+    assert 'voxgate_agent_seconds_count{stage="first_frame_published"}' in metrics
+    assert 'voxgate_agent_turns_total{status="completed"}' in metrics
+
+
+def test_speaking_over_the_reply_cuts_it_and_starts_a_new_turn(bridge, speak):
+    async def call() -> None:
+        bot = AgentBot()
+        await bot.connect(bridge.url)
+        try:
+            await bot.say(*speak("Tell me a long story about a cat and a boat."))
+            assert await bot.wait_for(lambda: bool(_of(bot, "reply.start")), 60)
+            started = asyncio.get_running_loop().time()
+            assert await bot.wait_for(lambda: _rms(bot.received_audio()[-1600:]) > 0.01, 30)  # it speaks
+            await bot.say(*speak("Stop. Tell me about dogs instead."))
+            assert await bot.wait_for(lambda: bool(_of(bot, "reply.end")), 30)
+            first = _of(bot, "reply.end")[0]
+            assert first["status"] != "completed", first  # cut by the user, not finished
+            assert await bot.wait_for(lambda: len(_of(bot, "reply.start")) >= 2, 60)
+            assert asyncio.get_running_loop().time() - started < 60
+        finally:
+            await bot.hang_up()
+
+    asyncio.run(asyncio.wait_for(call(), 150))

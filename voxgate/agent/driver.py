@@ -1,0 +1,246 @@
+"""The I/O around one voice call: mic audio -> VAD -> duplex controller -> STT / LLM -> TTS ->
+the outbound track, and the controller's actions carried out (see `controller.py`).
+
+The transport is anything with the `Outbound` and `EventSink` shapes below (the WebRTC peer
+in `webrtc.py`, or a test's loopback); mic audio comes in as 16-bit PCM frames. One task
+reads the mic and runs the VAD (a 32 ms window costs ~0.25 ms, so it stays on the loop), one
+ticks the controller every `tick_s`, and each reply runs as its own task through the bridge's
+`ReplyPipeline`, its audio tagged (trace id, segment) so the track reports what was played.
+STT runs on the server's executor. Every finished turn's trace goes to a JSONL file (if set)
+and to `/metrics` as `voxgate_agent_seconds{stage}` (from the end of the user's turn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Hashable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from voxgate.agent import controller as fsm
+from voxgate.agent import vad as vad_events
+from voxgate.agent.stt import Transcriber
+from voxgate.agent.vad import VAD_RATE, StreamingVad
+from voxgate.bridge.llm import Conversation, LLMClient, LLMConfig
+from voxgate.bridge.pipeline import ChunkStream, ReplyPipeline
+from voxgate.bridge.segmenter import Segment, Segmenter
+from voxgate.serving.state import ServerState
+from voxgate.serving.stream import EngineStream
+from voxgate.types import SynthesisRequest, VoxgateError
+
+log = logging.getLogger(__name__)
+
+
+class Outbound(Protocol):
+    """The agent's voice track: paced playout of tagged audio."""
+
+    on_published: Callable[[Hashable, float, float], None] | None  # (tag, seconds, t)
+    on_drained: Callable[[Hashable, float], None] | None  # (end tag, t)
+
+    def enqueue(self, pcm: np.ndarray, sample_rate: int, tag: Hashable) -> None: ...
+
+    def end(self, tag: Hashable) -> None: ...
+
+    def flush(self, tag: Hashable | None = None) -> int: ...
+
+
+class EventSink(Protocol):
+    def send_event(self, message: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    system: str | None = "You are a helpful voice assistant. Answer briefly, in one or two sentences."
+    max_tokens: int = 120
+    temperature: float | None = 0.7
+    tick_s: float = 0.05
+    history_s: float = 60.0  # mic audio kept for STT
+    history_chars: int = 6000  # conversation sent to the LLM (fit to its context)
+    trace_file: Path | None = None  # one JSON line per finished turn
+
+
+class CallDriver:
+    def __init__(
+        self,
+        state: ServerState,
+        call_id: str,
+        outbound: Outbound,
+        events: EventSink,
+        transcriber: Transcriber,
+        vad: StreamingVad,
+        config: AgentConfig | None = None,
+        controller: fsm.ControllerConfig | None = None,
+    ) -> None:
+        self.state, self.call_id, self.outbound, self.events = state, call_id, outbound, events
+        self.transcriber, self.vad = transcriber, vad
+        self.config = config or AgentConfig()
+        conversation = Conversation(system=self.config.system, max_chars=self.config.history_chars)
+        self.ctl = fsm.DuplexController(controller or fsm.ControllerConfig(), conversation, call_id=call_id)
+        self.replies: dict[str, tuple[ReplyPipeline, asyncio.Task[None]]] = {}
+        self.traces: list[fsm.TurnTrace] = []
+        self._mic = np.zeros(0, dtype=np.int16)
+        self._mic_start = 0  # sample index (16 kHz) of self._mic[0]
+        self._last_speech: tuple[int, int] | None = None  # the latest utterance's samples, for STT
+        outbound.on_published = self._published
+        outbound.on_drained = self._drained
+
+    # ------------------------------------------------------------------ the call
+
+    async def run(self, mic: AsyncIterator[tuple[np.ndarray, float]]) -> None:
+        """Until the mic ends (the call hung up) or the task is cancelled."""
+        ticker = asyncio.get_running_loop().create_task(self._tick())
+        try:
+            async for pcm, _t in mic:
+                self._hear(pcm)
+        finally:
+            ticker.cancel()
+            self._handle(fsm.CallEnded(at=time.perf_counter()))
+            for pipeline, task in list(self.replies.values()):
+                pipeline.cancel()
+                task.cancel()
+
+    def _hear(self, pcm: np.ndarray) -> None:
+        self._keep(pcm)
+        for event in self.vad.push(pcm):
+            now = time.perf_counter()
+            if isinstance(event, vad_events.SpeechStarted):
+                self._handle(fsm.SpeechStarted(at=now))
+            elif isinstance(event, vad_events.SpeechEnded):
+                self._last_speech = (event.start_sample, event.end_sample)
+                self._handle(fsm.SpeechEnded(at=now))
+
+    def _keep(self, pcm: np.ndarray) -> None:
+        """Mic audio of the last `history_s` seconds (16 kHz), addressed by absolute sample index."""
+        self._mic = np.concatenate([self._mic, pcm.astype(np.int16, copy=False)])
+        excess = len(self._mic) - int(self.config.history_s * VAD_RATE)
+        if excess > 0:
+            self._mic, self._mic_start = self._mic[excess:], self._mic_start + excess
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.tick_s)
+            self._handle(fsm.Tick(at=time.perf_counter()))
+
+    # ------------------------------------------------------------------ actions
+
+    def _handle(self, event: Any) -> None:
+        for action in self.ctl.handle(event):
+            try:
+                self._do(action)
+            except Exception:  # one failed action must not end the call
+                log.exception("call %s: %s failed", self.call_id, type(action).__name__)
+
+    def _do(self, action: Any) -> None:
+        match action:
+            case fsm.StartStt():
+                self._spawn(self._transcribe(action))
+            case fsm.StartReply():
+                self._start_reply(action)
+            case fsm.FlushAudio():
+                self.outbound.flush()
+            case fsm.CancelReply():
+                pipeline, _task = self.replies.pop(action.trace_id, (None, None))
+                if pipeline is not None:
+                    pipeline.cancel()
+            case fsm.Notify():
+                self.events.send_event(action.message)
+            case fsm.TraceDone():
+                self._trace(action.trace)
+            case _:
+                pass  # Mark: the trace carries the marks
+
+    async def _transcribe(self, action: fsm.StartStt) -> None:
+        span = self._last_speech
+        pcm = np.zeros(0, dtype=np.int16)
+        if span is not None:
+            lo, hi = max(span[0] - self._mic_start, 0), max(span[1] - self._mic_start, 0)
+            pcm = self._mic[lo:hi]
+        text = ""
+        if len(pcm):
+            loop = asyncio.get_running_loop()
+            try:
+                result = await loop.run_in_executor(self.state.executor, self.transcriber.transcribe, pcm, VAD_RATE)
+                text = result.text
+            except VoxgateError as exc:
+                log.warning("call %s: STT failed: %s", self.call_id, exc.message)
+        self._handle(fsm.Transcript(action.trace_id, action.part, text, at=time.perf_counter()))
+
+    def _start_reply(self, action: fsm.StartReply) -> None:
+        base = self.state.llm_url()
+        trace = action.trace_id
+        if base is None:
+            self._handle(fsm.LlmFailed(trace, "no LLM is configured", at=time.perf_counter()))
+            return
+        engine = self.state.require_engine()
+        voice = self.state.voice_plan(None, "pcm", None, None).request
+
+        def synthesise(segment: Segment) -> ChunkStream:
+            self._handle(fsm.SegmentStarted(trace, segment.index, segment.text, at=time.perf_counter()))
+            request = SynthesisRequest(text=segment.text, voice=voice.voice, language=voice.language)
+            return EngineStream(engine, request, self.state.executor)
+
+        openers = self.state.starters.phrases(voice.voice) if self.state.settings.starter_cache else []
+        pipeline = ReplyPipeline(synthesise, Segmenter(openers=openers))
+        llm = LLMClient(LLMConfig(base, max_tokens=self.config.max_tokens, temperature=self.config.temperature))
+        task = asyncio.get_running_loop().create_task(self._speak(trace, pipeline, llm, list(action.messages)))
+        self.replies[trace] = (pipeline, task)
+
+    async def _speak(self, trace: str, pipeline: ReplyPipeline, llm: LLMClient, messages: list[dict]) -> None:
+        async def deltas() -> AsyncIterator[str]:
+            async for delta in llm.stream(messages):
+                self._handle(fsm.LlmDelta(trace, delta, at=time.perf_counter()))
+                yield delta
+
+        first = True
+        try:
+            async for segment, chunk in pipeline.run(deltas()):
+                if first:
+                    first = False
+                    self._handle(fsm.TtsFirstAudio(trace, at=time.perf_counter()))
+                self.outbound.enqueue(chunk.samples, chunk.sample_rate, (trace, segment.index))
+            if not pipeline.cancelled:
+                self._handle(fsm.LlmDone(trace, at=time.perf_counter()))
+                self.outbound.end(trace)
+        except VoxgateError as exc:
+            self._handle(fsm.LlmFailed(trace, exc.message, at=time.perf_counter()))
+            self.outbound.end(trace)
+        finally:
+            await llm.aclose()
+            self.replies.pop(trace, None)
+
+    # ------------------------------------------------------------------ the track
+
+    def _published(self, tag: Hashable, seconds: float, t: float) -> None:
+        if isinstance(tag, tuple) and len(tag) == 2:
+            self._handle(fsm.AudioSent(tag[0], tag[1], seconds, at=t))
+
+    def _drained(self, tag: Hashable, t: float) -> None:
+        if isinstance(tag, str):
+            self._handle(fsm.PlayoutDone(tag, at=t))
+
+    # ------------------------------------------------------------------ traces
+
+    def _trace(self, trace: fsm.TurnTrace) -> None:
+        self.traces.append(trace)
+        marks = trace.marks
+        end = marks.get("vad_end")
+        if end is not None:
+            for stage in ("stt_done", "llm_first_token", "first_segment", "tts_first_audio", "first_frame_published"):
+                if stage in marks:
+                    self.state.metrics.agent.labels(stage).observe(max(0.0, marks[stage] - end))
+        self.state.metrics.agent_turns.labels(trace.status).inc()
+        if self.config.trace_file is not None:
+            row = {"call_id": self.call_id, **asdict(trace)}
+            with contextlib.suppress(OSError), self.config.trace_file.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        task.add_done_callback(lambda t: t.cancelled() or (t.exception() and log.error("call task: %r", t.exception())))

@@ -1,0 +1,74 @@
+"""The voice agent as the server runs it: each WebRTC call (`serving/agent_http.py`) gets a
+`CallDriver` with its own VAD and controller; the transcriber (whisper, loaded once on the
+first call, or an OpenAI-compatible STT server) and the engine and LLM are shared.
+Settings: `VOXGATE_AGENT_*`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+
+from voxgate.agent.controller import ControllerConfig
+from voxgate.agent.driver import AgentConfig, CallDriver
+from voxgate.agent.stt import HttpSttConfig, HttpTranscriber, Transcriber, WhisperConfig, WhisperTranscriber
+from voxgate.agent.vad import VAD_RATE, StreamingVad, VadConfig
+from voxgate.agent.webrtc import PeerSession
+from voxgate.serving.state import ServerState
+
+log = logging.getLogger(__name__)
+
+
+class AgentService:
+    """`await service(session, call_id)` runs one call until the peer hangs up."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self._transcriber: Transcriber | None = None
+        self._lock = threading.Lock()
+        self.drivers: dict[str, CallDriver] = {}
+
+    def transcriber(self) -> Transcriber:
+        with self._lock:  # loaded once, on a worker thread, by the first call
+            if self._transcriber is None:
+                s = self.state.settings
+                if s.agent_stt_url:
+                    self._transcriber = HttpTranscriber(HttpSttConfig(s.agent_stt_url))
+                else:
+                    whisper = WhisperTranscriber(WhisperConfig(model=s.agent_whisper_model))
+                    whisper.warmup()
+                    self._transcriber = whisper
+            return self._transcriber
+
+    async def __call__(self, session: PeerSession, call_id: str) -> None:
+        s = self.state.settings
+        transcriber = await asyncio.get_running_loop().run_in_executor(self.state.executor, self.transcriber)
+        vad = StreamingVad(VadConfig(hangover_ms=s.agent_vad_hangover_ms, min_speech_ms=s.agent_min_speech_ms),
+                           input_rate=VAD_RATE)  # fmt: skip
+        trace_file = s.agent_trace_dir / f"{call_id}.jsonl" if s.agent_trace_dir else None
+        if trace_file is not None:
+            trace_file.parent.mkdir(parents=True, exist_ok=True)
+        config = AgentConfig(system=s.agent_system_prompt, max_tokens=s.agent_max_tokens, trace_file=trace_file,
+                             history_chars=self.state.history_chars())  # fmt: skip
+        controller = ControllerConfig(min_interruption_s=s.agent_min_interruption_ms / 1000,
+                                      confirm_after_s=s.agent_confirm_after_ms / 1000)  # fmt: skip
+        driver = CallDriver(self.state, call_id, session.outbound, session, transcriber, vad, config, controller)
+        self.drivers[call_id] = driver
+        session.on_message(lambda m: m.get("type") == "hangup" and asyncio.ensure_future(session.close()))
+        session.send_event({"type": "call.started", "call_id": call_id})
+        try:
+            if session.inbound is None:
+                await session.closed.wait()
+                return
+            run = asyncio.ensure_future(driver.run(session.inbound))
+            closed = asyncio.ensure_future(session.closed.wait())
+            await asyncio.wait((run, closed), return_when=asyncio.FIRST_COMPLETED)
+            for task in (run, closed):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await run
+        finally:
+            self.drivers.pop(call_id, None)
+            log.info("call %s ended: %d turns", call_id, len(driver.traces))

@@ -1,0 +1,143 @@
+"""`voxgate bench agent`: voice-agent turns over a real WebRTC call, written as JSON.
+
+Starts `voxgate serve` (Piper, embedded LLM, agent with per-call JSONL traces) unless `--url`
+is given with `--trace-dir`, joins with the aiortc bot, and speaks `--turns` Piper-made
+questions; every `--barge-every`-th turn the bot talks over the reply as soon as its audio
+arrives. From the server's traces: EoT (VAD end of turn) -> STT done, LLM first token, first
+segment, TTS first audio, first frame published (p50/p95), TTS first audio -> first frame
+published, and turn statuses; from the bot: every completed reply audible (RMS floor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from voxgate.bench.server import ServerProcess
+from voxgate.bench.stats import machine, summary, write_report
+
+QUESTIONS = ["What is the capital of France?", "How do I boil an egg?", "Why is the sky blue?",
+             "Recommend a good book.", "What should I cook tonight?"]  # fmt: skip
+INTERRUPT = "Stop. Tell me about dogs instead."
+STAGES = ("stt_done", "llm_first_token", "first_segment", "tts_first_audio", "first_frame_published")
+AUDIBLE_RMS = 0.01
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--turns", type=int, default=20, help="user turns (default 20)")
+    parser.add_argument("--barge-every", type=int, default=5, help="talk over every Nth reply (default 5; 0: never)")
+    parser.add_argument("--url", default=None, help="a running server (needs --trace-dir: its VOXGATE_AGENT_TRACE_DIR)")
+    parser.add_argument("--trace-dir", default=None, help="where that server writes its call traces")
+    parser.add_argument("--output-json", default=None, help="where to write results (default bench/results/...)")
+
+
+async def _call(url: str, turns: int, barge_every: int) -> dict[str, Any]:
+    from voxgate.agent.bot import AgentBot
+    from voxgate.engines.piper import PiperEngine
+    from voxgate.types import CancelToken, SynthesisRequest
+
+    engine = PiperEngine()
+    voice = engine.voices()[0].id
+
+    def speech(text: str) -> tuple[np.ndarray, int]:
+        chunks = list(engine.stream(SynthesisRequest(text=text, voice=voice), CancelToken()))
+        return np.concatenate([c.samples for c in chunks]), chunks[0].sample_rate
+
+    bot = AgentBot()
+    call_id = await bot.connect(url)
+    ends, audible, stuck = 0, [], 0
+    try:
+        for turn in range(turns):
+            barge = barge_every > 0 and (turn + 1) % barge_every == 0
+            said = await bot.say(*speech(QUESTIONS[turn % len(QUESTIONS)]))
+            want = ends + 1
+            if barge:
+                await bot.wait_for(lambda s=said: _rms(bot.received_audio(since=s)[-1600:]) > AUDIBLE_RMS, 30)
+                said = await bot.say(*speech(INTERRUPT))
+                want = ends + 2
+            if not await bot.wait_for(lambda w=want: _count(bot, "reply.end") >= w, 60):
+                stuck += 1
+            ends = _count(bot, "reply.end")
+            audible.append(_rms(bot.received_audio(since=said)))
+            print(f"  turn {turn + 1}/{turns}{' (barge-in)' if barge else ''}", flush=True)
+            await asyncio.sleep(0.5)
+    finally:
+        await bot.hang_up()
+    return {"call_id": call_id, "stuck": stuck, "reply_rms": [round(r, 4) for r in audible],
+            "events": [e for _, e in bot.events]}  # fmt: skip
+
+
+def _count(bot: Any, kind: str) -> int:
+    return sum(e.get("type") == kind for _, e in bot.events)
+
+
+def _rms(x: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(x)))) if len(x) else 0.0
+
+
+def summarise(traces: list[dict[str, Any]], call: dict[str, Any]) -> dict[str, Any]:
+    answered = [t for t in traces if "vad_end" in t["marks"] and "first_frame_published" in t["marks"]]
+    out: dict[str, Any] = {"turns": len(traces), "status": {}}
+    for t in traces:
+        out["status"][t["status"]] = out["status"].get(t["status"], 0) + 1
+    for stage in STAGES:
+        out[f"eot_to_{stage}_ms"] = summary(
+            [1000 * (t["marks"][stage] - t["marks"]["vad_end"]) for t in answered if stage in t["marks"]], 1
+        )
+    out["tts_first_audio_to_first_frame_ms"] = summary(
+        [1000 * (t["marks"]["first_frame_published"] - t["marks"]["tts_first_audio"]) for t in answered
+         if "tts_first_audio" in t["marks"]], 1)  # fmt: skip
+    out["stuck_waits"] = call["stuck"]
+    out["replies_below_rms_floor"] = sum(r <= AUDIBLE_RMS for r in call["reply_rms"])
+    return out
+
+
+def _table(s: dict[str, Any]) -> str:
+    lines = ["| from end of turn (VAD) to | n | p50 ms | p95 ms |", "|---|---|---|---|"]
+    for stage in STAGES:
+        v = s[f"eot_to_{stage}_ms"]
+        lines.append(f"| {stage} | {v['n']} | {v['p50']} | {v['p95']} |")
+    v = s["tts_first_audio_to_first_frame_ms"]
+    lines.append(f"| (tts_first_audio -> first_frame_published) | {v['n']} | {v['p50']} | {v['p95']} |")
+    lines.append(f"\nturn statuses {s['status']}; stuck waits {s['stuck_waits']}; "
+                 f"replies below the RMS floor {s['replies_below_rms_floor']}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def run_agent_bench(args: argparse.Namespace) -> int:
+    before = machine()
+    if args.url and not args.trace_dir:
+        raise SystemExit("voxgate bench agent: --url needs --trace-dir (the server's VOXGATE_AGENT_TRACE_DIR)")
+    with tempfile.TemporaryDirectory() as tmp:
+        trace_dir = Path(args.trace_dir or tmp)
+        if args.url:
+            call = asyncio.run(_call(args.url.rstrip("/"), args.turns, args.barge_every))
+        else:
+            env = {"LLM_EMBEDDED": "true", "AGENT_TRACE_DIR": str(trace_dir)}
+            with ServerProcess("piper", env=env) as server:
+                print(f"server ready at {server.url}", flush=True)
+                call = asyncio.run(_call(server.url, args.turns, args.barge_every))
+                time.sleep(0.5)  # the call's last trace line
+        path = trace_dir / f"{call['call_id']}.jsonl"
+        traces = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    stamp = datetime.now(UTC)
+    result = summarise(traces, call)
+    report = {
+        "bench": "agent",
+        "date": stamp.isoformat(timespec="seconds"),
+        "command": f"voxgate bench agent --turns {args.turns} --barge-every {args.barge_every}",
+        "machine": before,
+        "summary": result,
+        "traces": traces,
+        "call": call,
+    }
+    write_report(report, "agent", stamp, args.output_json, _table(result))
+    return 0
