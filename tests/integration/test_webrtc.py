@@ -84,7 +84,7 @@ class Agent:
 
 @contextlib.asynccontextmanager
 async def agent_server(agent: Callable[..., Any] | None = None, max_calls: int = 4) -> AsyncIterator[Any]:
-    settings = Settings(engine="tone", warmup=False, starter_cache=False, llm_embedded=False)
+    settings = Settings(engine="tone", warmup=False, starter_cache=False, llm_embedded=False, agent_max_calls=0)
     app = create_app(settings, engine=create_tone(settings))
     app.include_router(router)
     app.state.agent_calls = AgentCalls(max_calls)
@@ -295,7 +295,7 @@ def test_default_agent_greets_with_a_tone() -> None:
 
 
 def test_agent_bot_cli_says_a_wav_and_writes_the_reply(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    settings = Settings(engine="tone", warmup=False, starter_cache=False, llm_embedded=False)
+    settings = Settings(engine="tone", warmup=False, starter_cache=False, llm_embedded=False, agent_max_calls=0)
     app = create_app(settings, engine=create_tone(settings))
     app.include_router(router)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
