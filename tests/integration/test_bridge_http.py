@@ -164,7 +164,7 @@ def test_a_paced_reply_flows_in_real_time_so_a_stop_leaves_little_at_the_client(
                 after_stop += 1
                 continue
             received += len(base64.b64decode(event["data"])) / 2 / rate
-            assert received <= (now - first) + 0.2 + 0.05  # never more than the lead ahead (+ one piece)
+            assert received <= (now - first) + 0.2 + 0.1  # the lead, + a piece or two the client read late
             if received >= 1.5:
                 stop_at = now
                 assert httpx.post(f"{bridge.url}/v1/bridge/{reply_id}/stop").status_code == 200
