@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from typing import Annotated, Any, Literal
@@ -34,7 +33,7 @@ from voxgate.serving.protocol import describe_validation
 from voxgate.serving.reply import AudioOut, Reply, ReplyOptions
 from voxgate.serving.state import ServerState
 from voxgate.serving.ws import authorised
-from voxgate.serving.wsproto import ProtocolError, error
+from voxgate.serving.wsproto import ProtocolError, decode_frame, error
 from voxgate.types import VoxgateError
 
 log = logging.getLogger(__name__)
@@ -73,14 +72,7 @@ TYPES = ("config", "user", "cancel", "reset", "history", "ping")
 
 def parse(raw: str | bytes | None, max_bytes: int) -> Config | User | Cancel | Bare:
     """One client frame -> a typed message; `ProtocolError` for anything else."""
-    if not isinstance(raw, str):
-        raise ProtocolError("binary_not_supported", "send JSON text frames; binary frames are not accepted")
-    if len(raw) > max_bytes or len(raw.encode()) > max_bytes:
-        raise ProtocolError("message_too_large", f"messages are limited to {max_bytes} bytes")
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise ProtocolError("invalid_message", "the message is not valid JSON") from None
+    data = decode_frame(raw, max_bytes)
     kind = data.get("type") if isinstance(data, dict) else None
     if kind not in TYPES:
         raise ProtocolError("unknown_type", f"unknown message type {kind!r}; known: {', '.join(TYPES)}")

@@ -75,18 +75,21 @@ _COMPAT = {"session.config": "session.start", "input.text": "text.delta", "input
            "session.close": "session.end"}  # fmt: skip
 
 
-def parse_client(raw: str | bytes, max_bytes: int, compat: bool = False) -> SessionStart | TextDelta | Bare | Ping:
-    """One client frame -> a typed message; `ProtocolError` for anything else."""
-    if isinstance(raw, bytes):
+def decode_frame(raw: str | bytes | None, max_bytes: int) -> Any:
+    """A client frame's JSON (any WebSocket protocol of ours): text only, at most `max_bytes`."""
+    if not isinstance(raw, str):
         raise ProtocolError("binary_not_supported", "send JSON text frames; binary frames are not accepted")
-    if len(raw) > max_bytes:  # characters bound bytes from below: a cheap first check
-        raise ProtocolError("message_too_large", f"messages are limited to {max_bytes} bytes")
-    if len(raw.encode()) > max_bytes:
+    if len(raw) > max_bytes or len(raw.encode()) > max_bytes:  # characters first: a cheap bound
         raise ProtocolError("message_too_large", f"messages are limited to {max_bytes} bytes")
     try:
-        data = json.loads(raw)
+        return json.loads(raw)
     except (ValueError, RecursionError):
         raise ProtocolError("invalid_message", "the message is not valid JSON") from None
+
+
+def parse_client(raw: str | bytes, max_bytes: int, compat: bool = False) -> SessionStart | TextDelta | Bare | Ping:
+    """One client frame -> a typed message; `ProtocolError` for anything else."""
+    data = decode_frame(raw, max_bytes)
     if not isinstance(data, dict):
         raise ProtocolError("invalid_message", "a message is a JSON object with a 'type'")
     kind = data.get("type")
