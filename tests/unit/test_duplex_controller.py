@@ -302,6 +302,76 @@ def test_real_words_after_the_reply_finished_start_a_reply_without_a_cancel():
     assert _kinds(actions) == ["Mark", "Notify", "StartReply", "Notify"]
 
 
+# ---------------------------------------------------------------------------- detail events (the page's)
+
+
+def _messages(actions: list, kind: str) -> list[dict]:
+    return [a.message for a in actions if isinstance(a, Notify) and a.message["type"] == kind]
+
+
+def test_detail_events_are_off_by_default():
+    c = _controller()
+    trace = _ask(c, "Count.", 0.0)
+    actions = [a for e in (SegmentStarted(trace, 0, "One.", 1.5), AudioSent(trace, 0, 1.0, 1.6),
+                           PlayoutDone(trace, 2.6)) for a in c.handle(e)]  # fmt: skip
+    assert not _messages(actions, "reply.segment") and not _messages(actions, "turn.trace")
+
+
+def test_a_segment_is_notified_when_its_audio_starts_being_published_once():
+    c = _controller(detail_events=True)
+    trace = _ask(c, "Count.", 0.0)
+    assert _messages(c.handle(SegmentStarted(trace, 0, " One. ", 1.5)), "reply.segment") == []  # not heard yet
+    assert c.handle(SegmentStarted(trace, 1, "Two.", 1.55)) == []
+    first = c.handle(AudioSent(trace, 0, 0.02, 1.6))
+    assert _messages(first, "reply.segment") == [{"type": "reply.segment", "trace_id": trace, "index": 0,
+                                                  "text": "One."}]  # fmt: skip
+    assert c.handle(AudioSent(trace, 0, 0.5, 1.7)) == []  # the same segment again: no second notice
+    second = _messages(c.handle(AudioSent(trace, 1, 0.02, 2.2)), "reply.segment")
+    assert [m["text"] for m in second] == ["Two."]
+
+
+def test_a_segment_cut_before_any_audio_is_never_notified():
+    c = _controller(detail_events=True)
+    trace = _ask(c, "Count.", 0.0)
+    c.handle(SegmentStarted(trace, 0, "One.", 1.5))
+    c.handle(AudioSent(trace, 0, 0.5, 1.6))
+    c.handle(SegmentStarted(trace, 1, "Two.", 1.7))
+    c.handle(SpeechStarted(2.0))
+    actions = c.handle(SpeechEnded(3.0))  # a second of speech over the reply: confirmed, the reply is cut
+    assert _only(actions, CancelReply).trace_id == trace
+    assert _messages(actions, "reply.segment") == []
+
+
+def test_a_finished_turn_notifies_its_trace_in_ms_from_the_end_of_speech_before_trace_done():
+    c = _controller(detail_events=True)
+    c.handle(SpeechStarted(1.0))
+    c.handle(SpeechEnded(2.0))
+    c.handle(Transcript("c-1", 0, "Hi.", 2.25))
+    c.handle(LlmDelta("c-1", "Hello", 2.5))
+    c.handle(SegmentStarted("c-1", 0, "Hello.", 2.6))
+    c.handle(TtsFirstAudio("c-1", 2.75))
+    c.handle(AudioSent("c-1", 0, 0.5, 2.76))
+    actions = c.handle(PlayoutDone("c-1", 3.5))
+    assert _messages(actions, "turn.trace") == [{
+        "type": "turn.trace", "trace_id": "c-1", "status": "completed",
+        "marks": {"vad_start": -1000.0, "vad_end": 0.0, "stt_done": 250.0, "llm_first_token": 500.0,
+                  "first_segment": 600.0, "tts_first_audio": 750.0, "first_frame_published": 760.0,
+                  "playout_done": 1500.0},
+    }]  # fmt: skip
+    assert _kinds(actions)[-2:] == ["Notify", "TraceDone"]  # nothing about a turn after its TraceDone
+
+
+def test_a_false_interruption_has_no_marks_and_a_cut_reply_has_its_cancel():
+    c = _controller(detail_events=True)
+    trace = _ask(c, "Count.", 0.0)  # vad_end at 1.0
+    _play(c, trace, [("One.", 1.0)], 1.5)
+    c.handle(SpeechStarted(3.0))
+    short = _messages(c.handle(SpeechEnded(3.1)), "turn.trace")  # too short to interrupt: never reached vad_end
+    assert short == [{"type": "turn.trace", "trace_id": "c-2", "status": "short", "marks": {}}]
+    cut = _messages(c.handle(CallEnded(4.0)), "turn.trace")
+    assert [(m["trace_id"], m["status"], m["marks"]["cancel"]) for m in cut] == [(trace, "ended", 3000.0)]
+
+
 # ---------------------------------------------------------------------------- races
 
 

@@ -32,6 +32,12 @@ a completed reply, and after a cut the last one only if `heard_min_s` of it was 
 nothing of a reply was heard, its user words are carried into the next turn's request
 instead (the user who speaks again while the agent thinks was not done talking).
 
+Notifications (`Notify`, for the call's data channel), each with the turn's trace_id:
+turn.start, turn.end, transcript {text}, reply.start, reply.end {status, heard}, turn.dropped
+{reason}; with `detail_events` also reply.segment {index, text} when a segment's audio starts
+being published, and turn.trace {status, marks} when a turn ends (marks in ms from vad_end;
+none for a turn whose speech never ended).
+
 Events that lose a race (a transcript or LLM delta for a turn already cancelled, a playout
 done for a cut reply, a speech end with no start, anything after the call ended) are
 ignored and counted in `ignored` by reason; impossible values (a negative duration) raise
@@ -75,6 +81,9 @@ class ControllerConfig:
     heard_min_s: float = 0.2  # a cut segment counts as heard once this much of it was played
     stall_s: float = 20.0  # a turn with no event for this long is ended (on a Tick)
     backchannels: frozenset[str] = BACKCHANNELS
+    # Also notify `reply.segment` and `turn.trace` (what a live page shows); off, the events are
+    # only the turn protocol, which bots and scripted tests follow message by message.
+    detail_events: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_interruption_s <= self.confirm_after_s or min(self.heard_min_s, self.stall_s) < 0:
@@ -408,6 +417,8 @@ class DuplexController:
             case AudioSent() if event.segment not in turn.segments:
                 self._ignore("audio_for_unknown_segment")
             case AudioSent():
+                if event.segment not in turn.played and self.config.detail_events:  # it starts being heard
+                    self._notify("reply.segment", turn, index=event.segment, text=turn.segments[event.segment])
                 turn.played[event.segment] = turn.played.get(event.segment, 0.0) + event.duration_s
                 turn.published = True
                 self._mark(turn, "first_frame_published", event.at)
@@ -461,6 +472,10 @@ class DuplexController:
             self.turn = None
         elif turn is self.pending:
             self.pending = None
+        if self.config.detail_events:  # before TraceDone: nothing about a turn comes after it
+            end = turn.marks.get("vad_end")
+            marks = {} if end is None else {k: round(1000 * (t - end), 1) for k, t in turn.marks.items()}
+            self._notify("turn.trace", turn, status=status, marks=marks)
         user = turn.user or turn.text()
         self._out.append(TraceDone(TurnTrace(turn.trace_id, status, user, heard, dict(turn.marks), turn.error)))
 

@@ -51,13 +51,14 @@ class AgentService:
         if trace_file is not None:
             trace_file.parent.mkdir(parents=True, exist_ok=True)
         config = AgentConfig(system=s.agent_system_prompt, max_tokens=s.agent_max_tokens, trace_file=trace_file,
-                             history_chars=self.state.history_chars())  # fmt: skip
+                             history_chars=self.state.history_chars(), capture_dir=s.agent_capture_dir)  # fmt: skip
         controller = ControllerConfig(min_interruption_s=s.agent_min_interruption_ms / 1000,
-                                      confirm_after_s=s.agent_confirm_after_ms / 1000)  # fmt: skip
+                                      confirm_after_s=s.agent_confirm_after_ms / 1000, detail_events=True)  # fmt: skip
         driver = CallDriver(self.state, call_id, session.outbound, session, transcriber, vad, config, controller)
         self.drivers[call_id] = driver
         session.on_message(lambda m: m.get("type") == "hangup" and asyncio.ensure_future(session.close()))
-        session.send_event({"type": "call.started", "call_id": call_id})
+        # The hangover is a fixed wait before each end of turn, not in the traces: the page adds it.
+        session.send_event({"type": "call.started", "call_id": call_id, "vad_hangover_ms": s.agent_vad_hangover_ms})
         try:
             if session.inbound is None:
                 await session.closed.wait()
