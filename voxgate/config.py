@@ -94,6 +94,9 @@ class Settings(BaseSettings):
         800.0, ge=0, le=10000, description="Voice agent: speech over a reply this long interrupts without its words."
     )
     agent_trace_dir: Path | None = Field(None, description="Voice agent: write one JSONL trace file per call here.")
+    agent_capture_dir: Path | None = Field(
+        None, description="Voice agent: write each reply's audio as handed to the track (<trace_id>.wav) here."
+    )
 
     ws_max_sessions: int = Field(256, ge=1, description="WebSocket gateway: sessions open at once (attached or not).")
     ws_max_message_bytes: int = Field(65536, ge=256, description="WebSocket gateway: largest client message.")

@@ -26,6 +26,7 @@ import numpy as np
 
 from voxgate.agent import controller as fsm
 from voxgate.agent import vad as vad_events
+from voxgate.agent.capture import ReplyCapture
 from voxgate.agent.stt import Transcriber
 from voxgate.agent.vad import VAD_RATE, StreamingVad
 from voxgate.bridge.llm import Conversation, LLMClient, LLMConfig
@@ -64,6 +65,7 @@ class AgentConfig:
     history_s: float = 60.0  # mic audio kept for STT
     history_chars: int = 6000  # conversation sent to the LLM (fit to its context)
     trace_file: Path | None = None  # one JSON line per finished turn
+    capture_dir: Path | None = None  # each reply's enqueued audio as <trace_id>.wav (regression harness)
 
 
 class CallDriver:
@@ -199,12 +201,15 @@ class CallDriver:
                 yield delta
 
         first = True
+        capture = ReplyCapture(self.config.capture_dir, trace) if self.config.capture_dir else None
         try:
             async for segment, chunk in pipeline.run(deltas()):
                 if first:
                     first = False
                     self._handle(fsm.TtsFirstAudio(trace, at=time.perf_counter()))
                 self.outbound.enqueue(chunk.samples, chunk.sample_rate, (trace, segment.index))
+                if capture is not None:
+                    capture.add(chunk.samples, chunk.sample_rate)
             if not pipeline.cancelled:
                 self._handle(fsm.LlmDone(trace, at=time.perf_counter()))
                 self.outbound.end(trace)
@@ -212,6 +217,8 @@ class CallDriver:
             self._handle(fsm.LlmFailed(trace, exc.message, at=time.perf_counter()))
             self.outbound.end(trace)
         finally:
+            if capture is not None:  # before any await: a cancelled reply keeps what it enqueued
+                capture.save()
             await llm.aclose()
             self.replies.pop(trace, None)
 
