@@ -1,4 +1,5 @@
-"""Command line: voxgate serve | say | voices | chat | bench | load | protocol-schema | make-random-checkpoint."""
+"""Command line: voxgate serve | say | voices | chat | bench | load | agent | agent-bot | protocol-schema |
+make-random-checkpoint."""
 
 from __future__ import annotations
 
@@ -153,6 +154,21 @@ def cmd_bench_vad_stt(args: argparse.Namespace) -> int:
     return run_vad_stt_bench(args)
 
 
+def cmd_agent(args: argparse.Namespace) -> int:
+    import json
+
+    from voxgate.agent.report import format_table, read_traces, summarise
+    from voxgate.config import Settings
+
+    hangover = args.hangover_ms if args.hangover_ms is not None else Settings().agent_vad_hangover_ms
+    turns, files = read_traces(Path(args.report))
+    report = summarise(turns, hangover_ms=hangover, files=files)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    print(format_table(report))
+    return 0
+
+
 def cmd_agent_bot(args: argparse.Namespace) -> int:
     from voxgate.agent.bot import run_agent_bot
 
@@ -266,6 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
     agent_bot = sub.add_parser("agent-bot", help="join a voice-agent call as the user: say a WAV, record the reply")
     add_agent_bot_arguments(agent_bot)
     agent_bot.set_defaults(func=cmd_agent_bot)
+
+    agent = sub.add_parser("agent", help="the voice agent's latency breakdown from its trace files")
+    agent.add_argument("--report", required=True, metavar="PATH", help="a call's trace JSONL, or a directory of them")
+    agent.add_argument("--json", metavar="FILE", help="also write the report as JSON here")
+    agent.add_argument("--hangover-ms", type=float, help="VAD hangover shown (default: the setting)")
+    agent.set_defaults(func=cmd_agent)
 
     schema = sub.add_parser("protocol-schema", help="JSON schema of the WebSocket protocol's client messages")
     schema.set_defaults(func=cmd_protocol_schema)
