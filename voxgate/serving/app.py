@@ -30,6 +30,8 @@ from voxgate.serving.bridge_ws import router as bridge_ws_router
 from voxgate.serving.http import router
 from voxgate.serving.llm import router as llm_router
 from voxgate.serving.metrics import Metrics
+from voxgate.serving.page import PAGE_PATHS
+from voxgate.serving.page import router as page_router
 from voxgate.serving.protocol import describe_validation, error_body
 from voxgate.serving.state import ServerState
 from voxgate.serving.ws import Gateway
@@ -37,7 +39,7 @@ from voxgate.serving.ws import router as ws_router
 from voxgate.types import RequestTooLarge, Unauthorized, VoxgateError
 
 log = logging.getLogger(__name__)
-_OPEN_PATHS = ("/healthz",)
+_OPEN_PATHS = ("/healthz", *PAGE_PATHS)  # the page is static; its API calls carry the key
 _SAFE_ID = re.compile(rb"[A-Za-z0-9._:-]+")
 _KNOWN_PATHS = ("/tts/stream", "/v1/audio/speech", "/v1/voices", "/healthz", "/metrics", "/debug/timings",
                 "/v1/chat/completions", "/v1/bridge/stream", "/v1/agent/offer")  # fmt: skip
@@ -81,6 +83,7 @@ def create_app(
         app.state.agent_calls = AgentCalls(max_calls=settings.agent_max_calls)
         app.state.agent_factory = AgentService(state)
         app.include_router(agent_router)
+        app.include_router(page_router)
     _install_error_handlers(app, state.metrics)
     app.add_middleware(RequestGate, settings=settings, metrics=state.metrics)
     return app
