@@ -34,12 +34,13 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def mic_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The question as the fake microphone plays it once: 1.5 s of silence while the call
-    connects, the speech, then silence long enough for the whole reply."""
+    """The question as the fake microphone plays it once: 3 s of silence while the call
+    connects (the file starts with the capture, before the offer), the speech, then silence
+    long enough for the whole reply."""
     engine = PiperEngine()
     chunks = list(engine.stream(SynthesisRequest(text=QUESTION, voice=engine.voices()[0].id), CancelToken()))
     speech = resample(np.concatenate([c.samples for c in chunks]), chunks[0].sample_rate, MIC_RATE)
-    quiet = np.zeros(int(1.5 * MIC_RATE), dtype=np.float32)
+    quiet = np.zeros(3 * MIC_RATE, dtype=np.float32)
     path = tmp_path_factory.mktemp("mic") / "question.wav"
     path.write_bytes(wav_bytes(np.concatenate([quiet, speech, np.zeros(60 * MIC_RATE, np.float32)]), MIC_RATE))
     return path
@@ -115,3 +116,14 @@ def test_the_page_and_its_files_are_served_and_nothing_else_under_static(bridge)
     assert 'src="/agent/static/agent.js"' in httpx.get(bridge.url + "/agent").text
     for path in ("/agent/static/agent.html", "/agent/static/..%2Fserving%2Fpage.py", "/agent/static/nope.js"):
         assert httpx.get(bridge.url + path).status_code == 404, path
+
+
+def test_the_page_ends_the_call_when_the_server_hangs_up(bridge, browser):
+    page = browser.new_page()
+    page.goto(f"{bridge.url}/")
+    page.click("#call")
+    page.wait_for_function("() => window.voxgate.state === 'listening'", timeout=30_000)
+    call_id = page.evaluate("() => window.voxgate.callId")
+    assert httpx.delete(f"{bridge.url}/v1/agent/{call_id}").status_code == 200
+    page.wait_for_function("() => window.voxgate.state === 'ended'", timeout=15_000)
+    assert page.inner_text("#status") == "ended (the server hung up)" and page.inner_text("#call") == "Start call"

@@ -140,6 +140,7 @@ async function start() {
   const channel = pc.createDataChannel("events");
   call = { pc, channel, mic };
   channel.onmessage = (e) => onEvent(JSON.parse(e.data));
+  channel.onclose = () => stop("the server hung up"); // after our own stop, `call` is gone: no-op
   mic.getTracks().forEach((track) => pc.addTrack(track, mic));
   pc.ontrack = (e) => {
     const stream = e.streams[0] || new MediaStream([e.track]);
