@@ -127,3 +127,10 @@ def test_the_page_ends_the_call_when_the_server_hangs_up(bridge, browser):
     assert httpx.delete(f"{bridge.url}/v1/agent/{call_id}").status_code == 200
     page.wait_for_function("() => window.voxgate.state === 'ended'", timeout=15_000)
     assert page.inner_text("#status") == "ended (the server hung up)" and page.inner_text("#call") == "Start call"
+
+
+def test_behind_api_keys_the_page_is_open_and_its_api_calls_are_not(slow_server):
+    for path in ("/", "/agent", "/agent/static/agent.js", "/agent/static/agent.css"):
+        assert httpx.get(slow_server.url + path).status_code == 200, path
+    offer = httpx.post(slow_server.url + "/v1/agent/offer", json={"sdp": "v=0", "type": "offer"})
+    assert offer.status_code == 401 and offer.json()["error"]["code"] == "unauthorized"
