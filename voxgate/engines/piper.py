@@ -5,6 +5,10 @@ sentence is then one ONNX run and one chunk. Cancellation takes effect between s
 At most `parallel` ONNX runs go at once (FIFO): on a small CPU, running every stream's
 sentence together only makes all of them late, while taking turns keeps the earliest
 requests fast and the total throughput the same.
+
+Piper samples noise inside its ONNX graph, so the same text sounds slightly different on each
+run; a request with a `seed` is synthesised without that noise (noise scales 0), so it is
+reproducible to the bit, as the regression harness's determinism gate and golden baselines need.
 """
 
 from __future__ import annotations
@@ -66,7 +70,10 @@ class PiperEngine:
             pass
 
     def stream(self, request: SynthesisRequest, cancel: CancelToken) -> Iterator[AudioChunk]:
-        config = self._config_cls(length_scale=self._voice.config.length_scale / request.speed)
+        noise = 0.0 if request.seed is not None else None  # None = the voice's own noise scales
+        config = self._config_cls(
+            length_scale=self._voice.config.length_scale / request.speed, noise_scale=noise, noise_w_scale=noise
+        )
         with _ESPEAK_LOCK:
             sentences = [s for s in self._voice.phonemize(request.text) if s]
         units_total = count_units(request.text)
