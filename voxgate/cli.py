@@ -1,5 +1,5 @@
 """Command line: voxgate serve | say | voices | chat | bench | load | agent | agent-bot | protocol-schema |
-make-random-checkpoint."""
+make-random-checkpoint | regress."""
 
 from __future__ import annotations
 
@@ -301,6 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
     mrc.add_argument("--seed", type=int, default=0)
     mrc.add_argument("--configs", help="folder with the official configs (default ../shared/qwen3-tts)")
     mrc.set_defaults(func=cmd_make_random_checkpoint)
+
+    from voxgate.regress.cli import add_regress_commands
+
+    regress = sub.add_parser("regress", help="regression gates and golden baselines: tts, freeze, stability")
+    regress_commands = regress.add_subparsers(dest="regress", required=True)
+    add_regress_commands(regress_commands)  # tts, freeze, stability
     return parser
 
 

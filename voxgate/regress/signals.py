@@ -33,10 +33,19 @@ def rms(x: np.ndarray) -> float:
     return float(np.sqrt(np.mean(y * y))) if y.size else 0.0
 
 
+def _pcm16(x: np.ndarray) -> np.ndarray:
+    return np.round(np.clip(np.nan_to_num(_f64(x)), -1.0, 1.0) * 32767.0).astype("<i2")
+
+
 def pcm_hash(x: np.ndarray) -> str:
     """SHA-256 of the samples as little-endian PCM16 (what a client receives), hex."""
-    pcm = np.round(np.clip(_f64(x), -1.0, 1.0) * 32767.0).astype("<i2")
-    return hashlib.sha256(pcm.tobytes()).hexdigest()
+    return hashlib.sha256(_pcm16(x).tobytes()).hexdigest()
+
+
+def as_pcm16(x: np.ndarray) -> np.ndarray:
+    """The samples as a client hears them: rounded to PCM16 and back to float (NaN -> 0), so
+    audio compared with a stored WAV differs by nothing when it is the same."""
+    return _pcm16(x).astype(np.float64) / 32767.0
 
 
 def audio_problems(x: np.ndarray, sample_rate: int, min_duration_s: float = 0.1) -> list[str]:
