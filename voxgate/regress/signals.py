@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from voxgate.audio import to_pcm16
+
 SNR_CAP_DB = 120.0  # identical signals: a finite number JSON can carry (the seeds report 120 dB)
 FRAME_S = 0.010
 SPEECH_FLOOR_DB = -40.0  # a frame is speech when its RMS is within 40 dB of the loudest frame
@@ -34,7 +36,9 @@ def rms(x: np.ndarray) -> float:
 
 
 def _pcm16(x: np.ndarray) -> np.ndarray:
-    return np.round(np.clip(np.nan_to_num(_f64(x)), -1.0, 1.0) * 32767.0).astype("<i2")
+    """Exactly the PCM16 `voxgate.audio` writes (float32 arithmetic), NaN and inf as 0."""
+    y = np.nan_to_num(np.asarray(x, dtype=np.float32).reshape(-1), posinf=0.0, neginf=0.0)
+    return to_pcm16(y).astype("<i2")
 
 
 def pcm_hash(x: np.ndarray) -> str:
@@ -102,12 +106,13 @@ def max_silence_gap_s(x: np.ndarray, sample_rate: int) -> float:
 
 def clipping_ratio(x: np.ndarray, level: float = 0.99, min_run: int = 3) -> float:
     """Fraction of samples in flat tops: runs of >= `min_run` consecutive samples with
-    |x| >= `level`. A peak-normalised signal touches 1.0 at single samples, which is not
-    clipping; a clipped one sits there."""
+    |x| >= `level` that stay within one PCM16 step of each other. A loud wave passes
+    through its peak (its samples keep changing); a clipped one sits there."""
     y = np.abs(np.nan_to_num(_f64(x)))
-    if y.size == 0:
+    if y.size < 2:
         return 0.0
-    clipped = sum(e - s for s, e in _runs(y >= level) if e - s >= min_run)
+    flat = (y[1:] >= level) & (y[:-1] >= level) & (np.abs(np.diff(y)) <= 1.5 / 32767)
+    clipped = sum(e - s + 1 for s, e in _runs(flat) if e - s + 1 >= min_run)
     return clipped / y.size
 
 
@@ -183,6 +188,7 @@ def align_shift(reference: np.ndarray, test: np.ndarray, max_shift: int) -> int:
     if a.size == 0 or b.size == 0 or max_shift <= 0:
         return 0
     size = 1 << int(np.ceil(np.log2(a.size + b.size)))
+    max_shift = min(max_shift, size // 2 - 1)
     corr = np.fft.irfft(np.fft.rfft(b, size) * np.conj(np.fft.rfft(a, size)), size)
     lags = np.concatenate([np.arange(0, max_shift + 1), np.arange(-max_shift, 0)])
     return int(lags[int(np.argmax(corr[lags]))])
