@@ -307,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     regress = sub.add_parser("regress", help="regression gates and golden baselines: tts, freeze, stability")
     regress_commands = regress.add_subparsers(dest="regress", required=True)
     add_regress_commands(regress_commands)  # tts, freeze, stability
+    from voxgate.regress.e2e.command import add_e2e_commands
+
+    add_e2e_commands(regress_commands)  # e2e, e2e-freeze, e2e-stability
     return parser
 
 
