@@ -50,6 +50,13 @@ class Settings(BaseSettings):
     max_text_chars: int = Field(4096, ge=1, description="Longest accepted text, in characters.")
     max_streams: int = Field(64, ge=1, description="Concurrent audio streams for the whole server.")
     max_streams_per_client: int = Field(8, ge=1, description="Concurrent streams per client (API key, else IP).")
+    engine_workers: int = Field(
+        0, ge=0, description="Threads running engine calls, most urgent first; 0 = the engine's own choice."
+    )
+    engine_batch_ms: int = Field(
+        500, ge=0, le=10000,
+        description="Audio one CPU-engine call may make in a go after a stream's first chunk; 0 = a chunk a call.",
+    )  # fmt: skip
 
     # streaming
     send_timeout_s: float = Field(30.0, gt=0, description="Drop a client that has not read for this long.")
@@ -102,8 +109,8 @@ class Settings(BaseSettings):
     ws_max_message_bytes: int = Field(65536, ge=256, description="WebSocket gateway: largest client message.")
     ws_resume_window_s: float = Field(30.0, ge=0, description="WebSocket gateway: how long a dropped session waits.")
     ws_replay_bytes: int = Field(
-        2 << 20, ge=65536, description="WebSocket gateway: sent output kept per session for resumes (bytes)."
-    )
+        512 << 10, ge=65536, description="WebSocket gateway: sent output kept per session for resumes (bytes)."
+    )  # twice the socket send buffer: what a dropped connection can have lost in flight, with room
     ws_send_queue_bytes: int = Field(
         1 << 20, ge=4096, description="WebSocket gateway: unsent output per session before synthesis waits."
     )

@@ -4,6 +4,10 @@ An engine turns a `SynthesisRequest` into a *lazy* iterator of `AudioChunk`s: wo
 as the caller iterates, so a caller that stops iterating (or sets the `CancelToken`) stops
 the engine between chunks. Non-streaming synthesis is `collect()` of that same stream.
 Engines are synchronous and thread-safe for concurrent streams; asyncio lives in serving/.
+
+An engine that computes in the calling thread may declare `parallel_calls` (an int): how
+many stream calls can usefully run at once. The server then runs engine calls on that many
+threads, most urgent first (`voxgate.serving.workers`), instead of one thread per stream.
 """
 
 from __future__ import annotations

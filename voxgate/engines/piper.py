@@ -57,6 +57,7 @@ class PiperEngine:
         )
         self._config_cls = SynthesisConfig
         self._turns = threading.Semaphore(parallel)
+        self.parallel_calls = parallel  # the server queues the rest by urgency, not in arrival order
         self.sample_rate = int(self._voice.config.sample_rate)
         self._voice_id = model_path.name.removesuffix(".onnx")
         self._language = self._voice.config.espeak_voice.split("-")[0]

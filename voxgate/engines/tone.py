@@ -53,6 +53,9 @@ class ToneEngine:
         self.unit_ms = unit_ms
         self.delay_s = delay_ms / 1000
         self.units_per_chunk = units_per_chunk
+        # the tones are computed under the GIL: one thread is as fast as many, and keeps the
+        # event loop's share; a simulated delay waits instead, so then one thread per stream
+        self.parallel_calls = None if delay_ms else 1
 
     def voices(self) -> list[VoiceInfo]:
         return [VoiceInfo(v, self.name, ("*",), f"synthetic tones, pitch x{p:g}") for v, p in _VOICES.items()]

@@ -208,7 +208,7 @@ async def open_stream(state: ServerState, request: Request, plan: StreamPlan, en
         stream = EngineStream(
             engine,
             replace(req, text=hit.remainder) if hit else req,
-            state.executor,
+            state.engine_pool,
             on_closed=closed_in_worker,
             start=hit is None,  # on a hit the engine starts once the cached opener is on the wire
         )

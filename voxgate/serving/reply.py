@@ -165,14 +165,14 @@ class Reply:
         request = SynthesisRequest(text=segment.text, voice=voice, language=language)
         hit = self.state.starters.match(request.voice, segment.text) if segment.kind == "starter" else None
         if hit is None or not self.state.settings.starter_cache:
-            return EngineStream(self.engine, request, self.state.executor)
+            return EngineStream(self.engine, request, self.state.engine_pool)
         self._cached.add(segment.index)
         self.state.metrics.starter_hits.inc()
         rest = None
         if any(ch.isalnum() for ch in hit.remainder):  # "好的，" leaves only the comma
 
             def rest() -> ChunkStream:
-                return EngineStream(self.engine, replace(request, text=hit.remainder), self.state.executor)
+                return EngineStream(self.engine, replace(request, text=hit.remainder), self.state.engine_pool)
 
         return CachedOpener(hit, self.state.settings.chunk_ms, rest)
 

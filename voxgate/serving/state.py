@@ -17,6 +17,7 @@ from voxgate.engines.registry import create_engine
 from voxgate.serving.limits import StreamLimiter
 from voxgate.serving.metrics import Metrics
 from voxgate.serving.starter import StarterCache
+from voxgate.serving.workers import EnginePool
 from voxgate.text import check_text, normalize_language
 from voxgate.types import (
     NotReady,
@@ -50,7 +51,8 @@ class ServerState:
     ready: bool = False
     startup_error: str | None = None
     limiter: StreamLimiter = field(init=False)
-    executor: ThreadPoolExecutor = field(init=False)
+    executor: ThreadPoolExecutor = field(init=False)  # blocking work other than engine streams (STT, uploads)
+    engine_pool: EnginePool = field(init=False)  # engine stream calls, most urgent first
     timings: deque[dict[str, Any]] = field(init=False)
     llm: Any = None  # the embedded LLM (voxgate.bridge.embedded.EmbeddedLLM), when started
     llm_error: str | None = None  # why there is no LLM
@@ -59,7 +61,8 @@ class ServerState:
         s = self.settings
         self.limiter = StreamLimiter(s.max_streams, s.max_streams_per_client)
         # one worker per possible stream, plus room for closing cancelled iterators
-        self.executor = ThreadPoolExecutor(s.max_streams + 4, thread_name_prefix="voxgate-engine")
+        self.executor = ThreadPoolExecutor(s.max_streams + 4, thread_name_prefix="voxgate-worker")
+        self.engine_pool = EnginePool(s.max_streams + 4)  # sized for the engine once it is loaded
         self.timings = deque(maxlen=max(1, s.timings_kept))
 
     # ------------------------------------------------------------------ start-up
@@ -70,6 +73,9 @@ class ServerState:
         try:
             if self.engine is None:
                 self.engine = create_engine(self.settings.engine, self.settings)
+            self.engine_pool.workers = self._engine_workers(self.engine)
+            if getattr(self.engine, "parallel_calls", None):  # calls compute: joining chunks saves hops
+                self.engine_pool.batch_s = self.settings.engine_batch_ms / 1000
             voices = [v.id for v in self.engine.voices()]
             if self.settings.default_voice and self.settings.default_voice not in voices:
                 raise UnknownVoice(f"VOXGATE_DEFAULT_VOICE={self.settings.default_voice!r} is not one of {voices}")
@@ -108,6 +114,13 @@ class ServerState:
             self.llm, self.llm_error = None, exc.message
             log.warning("embedded LLM not started: %s", exc.message)
 
+    def _engine_workers(self, engine: Engine) -> int:
+        """Threads for engine calls: the setting, else what the engine can run at once (an
+        engine computing in the caller's thread), else one per stream (calls that wait)."""
+        if self.settings.engine_workers:
+            return self.settings.engine_workers
+        return getattr(engine, "parallel_calls", None) or self.engine_pool.workers
+
     def history_chars(self) -> int:
         """How much conversation to send the LLM: about half the embedded LLM's context (~3
         characters a token), leaving the rest for the reply; an external LLM gets 6000."""
@@ -142,6 +155,7 @@ class ServerState:
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.engine_pool.shutdown(wait=False, cancel_futures=True)
         if self.llm is not None:
             self.llm.close()
         if self.engine is not None:

@@ -1,7 +1,12 @@
 """Driving a synchronous engine stream from asyncio, and streaming it to an HTTP client.
 
 `EngineStream` keeps at most one chunk in flight on a worker thread: generation of chunk
-n+1 overlaps the sending of chunk n, and a cancel wastes at most the chunk in flight.
+n+1 overlaps the sending of chunk n, and a cancel wastes at most the chunk in flight. On an
+`EnginePool` each call carries its deadline: the first chunk is due at once, a later one when
+the audio produced so far would run out if playback started with the first chunk. A pool
+with `batch_s` (set for engines that compute in the calling thread) lets one call make
+several later chunks, joined into one, while that is quick and no more urgent call waits:
+fewer hops and messages per second of audio; the first chunk always comes alone.
 `DisconnectWatch` notices a client leaving from the moment its request is admitted.
 `AudioStreamResponse` writes the pieces, stamps server-side timing, gives up on a client
 that stops reading, and ends a broken stream without the closing chunk.
@@ -17,6 +22,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import anyio
+import numpy as np
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -24,6 +30,25 @@ from voxgate.engines.base import Engine
 from voxgate.types import AudioChunk, CancelToken, EngineFailure, SynthesisRequest, Timing, VoxgateError
 
 log = logging.getLogger(__name__)
+
+
+BATCH_BUDGET_S = 0.005  # a call joining chunks stops making more after this long
+
+
+def join_chunks(parts: list[AudioChunk]) -> AudioChunk:
+    """Consecutive chunks of one stream as one chunk."""
+    if len(parts) == 1:
+        return parts[0]
+    starts = [p.unit_start for p in parts if p.unit_start is not None]
+    ends = [p.unit_end for p in parts if p.unit_end is not None]
+    return AudioChunk(
+        np.concatenate([p.samples for p in parts]),
+        parts[0].sample_rate,
+        parts[0].seq,
+        starts[0] if starts else None,
+        ends[-1] if ends else None,
+        parts[-1].t_ready,
+    )
 
 
 class EngineStream:
@@ -43,12 +68,16 @@ class EngineStream:
     ) -> None:
         self.token = CancelToken()
         self.generated = 0
+        self.priority = request.priority  # higher first on an EnginePool (the agent's live turn is high)
+        self._t_first: float | None = None  # when the first chunk was ready
+        self._audio_s = 0.0  # seconds of audio produced so far
         self._on_closed = on_closed
         self._closing = False
         self._executor = executor
         self._loop = asyncio.get_running_loop()
         self._iterator = engine.stream(request, self.token)
         self._finished = False
+        self._deferred: Exception | None = None  # an engine failure after audio made in the same call
         self.exhausted = False  # the engine ran to its end (as opposed to being cancelled)
         self._pending: asyncio.Future[AudioChunk | None] | None = None
         if start:
@@ -56,12 +85,47 @@ class EngineStream:
 
     def start(self) -> None:
         if self._pending is None and not self._closing:
-            self._pending = self._loop.run_in_executor(self._executor, self._next_in_worker)
+            self._pending = self._submit(self._next_in_worker)
+
+    def _submit(self, fn: Callable[[], object]) -> asyncio.Future:  # type: ignore[type-arg]
+        """Run `fn` on the executor, with this stream's deadline where the executor takes one."""
+        submit_at = getattr(self._executor, "submit_at", None)
+        if submit_at is None:
+            return self._loop.run_in_executor(self._executor, fn)
+        now = time.perf_counter()
+        deadline = now if self._t_first is None else self._t_first + self._audio_s
+        return asyncio.wrap_future(submit_at(min(now, deadline) if self._closing else deadline, self.priority, fn))
 
     def _next_in_worker(self) -> AudioChunk | None:
+        if self._deferred is not None:
+            error, self._deferred = self._deferred, None
+            raise error
+        chunk = self._produce()
+        batch_s = getattr(self._executor, "batch_s", 0.0)
+        if chunk is None or self.generated == 1 or batch_s <= 0:
+            return chunk
+        parts, audio, started = [chunk], len(chunk.samples) / chunk.sample_rate, time.perf_counter()
+        while audio < batch_s and time.perf_counter() - started < BATCH_BUDGET_S and not self.token.cancelled:
+            if self._executor.more_urgent_waiting(self.priority, self._t_first + self._audio_s):  # type: ignore[attr-defined]
+                break
+            try:
+                more = self._produce()
+            except Exception as exc:  # the audio made so far goes out first; the failure next time
+                self._deferred = exc
+                break
+            if more is None:
+                break
+            parts.append(more)
+            audio += len(more.samples) / more.sample_rate
+        return join_chunks(parts)
+
+    def _produce(self) -> AudioChunk | None:
         chunk = next(self._iterator, None)
         if chunk is not None:
             self.generated += 1
+            self._audio_s += len(chunk.samples) / chunk.sample_rate
+            if self._t_first is None:
+                self._t_first = time.perf_counter()
         return chunk
 
     async def next(self) -> AudioChunk | None:
@@ -82,7 +146,7 @@ class EngineStream:
             self._finished = True
             self.exhausted = chunk is None
             return None
-        self._pending = self._loop.run_in_executor(self._executor, self._next_in_worker)
+        self._pending = self._submit(self._next_in_worker)
         return chunk
 
     def cancel(self, reason: str) -> None:
@@ -99,7 +163,7 @@ class EngineStream:
         self._closing = True
         if self._pending is not None and not self._pending.cancelled():
             self._pending.exception()  # retrieved here, so asyncio does not warn about it
-        self._loop.run_in_executor(self._executor, self._close_in_worker)
+        self._submit(self._close_in_worker)  # due now: it frees the engine's resources
 
     def _close_in_worker(self) -> None:
         try:

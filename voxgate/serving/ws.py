@@ -336,7 +336,7 @@ class Gateway:
         request = replace(live.plan.request, text=segment.text, request_id=f"{s.session_id}:{segment.unit_start}")
         client = f"ws:{s.session_id}"
         await self._acquire(client)
-        live.stream = stream = EngineStream(engine, request, self.state.executor)
+        live.stream = stream = EngineStream(engine, request, self.state.engine_pool)
         encoder = StreamEncoder(live.plan.fmt, engine.sample_rate, live.plan.sample_rate)
         failure: tuple[str, str] | None = None
         try:

@@ -1,0 +1,217 @@
+"""EnginePool: engine calls most urgent first, then earliest deadline, then in order."""
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from voxgate.serving.stream import EngineStream
+from voxgate.serving.workers import EnginePool
+from voxgate.types import AudioChunk, EngineFailure, SynthesisRequest
+
+REQUEST = SynthesisRequest(text="x", voice="v")
+
+
+def _blocked(pool: EnginePool) -> threading.Event:
+    """Occupy the pool's only worker until the returned event is set."""
+    started, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        started.set()
+        release.wait(5)
+
+    pool.submit(hold)
+    assert started.wait(5)
+    return release
+
+
+def test_waiting_calls_run_by_priority_then_deadline_then_in_order():
+    pool = EnginePool(1)
+    release = _blocked(pool)
+    ran: list[str] = []
+    futures = [
+        pool.submit_at(3.0, 0, ran.append, "late"),
+        pool.submit_at(1.0, 0, ran.append, "early"),
+        pool.submit_at(2.0, 0, ran.append, "middle-a"),
+        pool.submit_at(2.0, 0, ran.append, "middle-b"),
+        pool.submit_at(99.0, 50, ran.append, "urgent"),
+        pool.submit_at(0.0, -1, ran.append, "background"),
+    ]
+    assert pool.waiting == 6
+    release.set()
+    for future in futures:
+        future.result(5)
+    assert ran == ["urgent", "early", "middle-a", "middle-b", "late", "background"]
+    pool.shutdown()
+
+
+def test_a_call_failing_reaches_its_future_and_the_worker_goes_on():
+    pool = EnginePool(1)
+
+    def boom() -> None:
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        pool.submit(boom).result(5)
+    assert pool.submit(lambda: 7).result(5) == 7
+    pool.shutdown()
+
+
+def test_calls_that_wait_do_not_hold_up_others_while_workers_remain():
+    pool = EnginePool(4)
+    release = threading.Event()
+    waiting = [pool.submit(release.wait, 5) for _ in range(3)]
+    assert pool.submit(lambda: "quick").result(2) == "quick"
+    release.set()
+    assert all(f.result(5) for f in waiting)
+    pool.shutdown()
+
+
+def test_shutdown_cancels_waiting_calls_and_refuses_new_ones():
+    pool = EnginePool(1)
+    release = _blocked(pool)
+    queued = pool.submit(lambda: None)
+    pool.shutdown(wait=False, cancel_futures=True)
+    assert queued.cancelled()
+    with pytest.raises(RuntimeError, match="shutdown"):
+        pool.submit(lambda: None)
+    release.set()
+
+
+def test_keyword_arguments_and_run_in_executor_work():
+    pool = EnginePool(2)
+    assert pool.submit(lambda a, b=0: a + b, 1, b=2).result(5) == 3
+
+    async def main() -> int:
+        return await asyncio.get_running_loop().run_in_executor(pool, sum, [1, 2, 3])
+
+    assert asyncio.run(main()) == 6
+    pool.shutdown()
+
+
+class SecondsEngine:
+    """Each chunk is one second of (silent) audio."""
+
+    name = "seconds"
+    sample_rate = 100
+
+    def stream(self, request, cancel):
+        for i in range(3):
+            yield AudioChunk(np.zeros(100, dtype=np.float32), self.sample_rate, i)
+
+
+class RecordingPool:
+    """Runs calls at once, recording the deadline and class each was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, int]] = []
+        self.pool = EnginePool(1)
+
+    def submit_at(self, deadline, priority, fn, *args):
+        self.calls.append((deadline, priority))
+        return self.pool.submit_at(deadline, priority, fn, *args)
+
+
+def test_stream_deadlines_are_now_for_the_first_chunk_then_when_the_audio_runs_out():
+    async def main() -> tuple[list[tuple[float, int]], float, float, float]:
+        pool = RecordingPool()
+        t0 = time.perf_counter()
+        stream = EngineStream(SecondsEngine(), SynthesisRequest(text="x", voice="v", priority=50), pool)
+        await stream.next()
+        t_first = stream._t_first
+        await stream.next()
+        t1 = time.perf_counter()
+        return pool.calls, t0, t_first, t1
+
+    calls, t0, t_first, t1 = asyncio.run(main())
+    (d0, _), (d1, _), (d2, _) = calls[:3]
+    assert t0 <= d0 <= t1  # the first chunk is due at once
+    assert d1 == pytest.approx(t_first + 1.0)  # the second when the first second of audio has played
+    assert d2 == pytest.approx(t_first + 2.0)
+    assert all(priority == 50 for _, priority in calls)
+
+
+def test_a_new_streams_first_chunk_goes_before_a_buffered_streams_next_one():
+    async def main() -> list[str]:
+        pool = EnginePool(1)
+        ahead = EngineStream(SecondsEngine(), REQUEST, pool)
+        await asyncio.wait_for(asyncio.shield(ahead._pending), 5)  # its first chunk is made
+        release = _blocked(pool)
+        await ahead.next()  # and its second is queued, due a second after the first was ready
+        order: list[str] = []
+        ahead._pending.add_done_callback(lambda _: order.append("ahead"))
+        newcomer = EngineStream(SecondsEngine(), REQUEST, pool)
+        newcomer._pending.add_done_callback(lambda _: order.append("new"))
+        release.set()
+        await ahead.next()
+        await newcomer.next()
+        await asyncio.sleep(0)
+        return order
+
+    assert asyncio.run(main()) == ["new", "ahead"]
+
+
+class TenthsEngine:
+    """Ten chunks of 0.1 s, chunk i covering unit i; `fail_at` raises instead of that chunk."""
+
+    name = "tenths"
+    sample_rate = 100
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.fail_at = fail_at
+
+    def stream(self, request, cancel):
+        for i in range(10):
+            if i == self.fail_at:
+                raise RuntimeError("boom")
+            yield AudioChunk(np.full(10, i, dtype=np.float32), self.sample_rate, i, i, i + 1)
+
+
+def _batched_pool(batch_s: float) -> EnginePool:
+    pool = EnginePool(1)
+    pool.batch_s = batch_s
+    return pool
+
+
+def test_a_batching_pool_sends_the_first_chunk_alone_then_joins_later_ones():
+    async def main() -> list[AudioChunk]:
+        stream = EngineStream(TenthsEngine(), REQUEST, _batched_pool(0.35))
+        chunks = []
+        while (chunk := await stream.next()) is not None:
+            chunks.append(chunk)
+        return chunks
+
+    chunks = asyncio.run(main())
+    assert [len(c.samples) for c in chunks] == [10, 40, 40, 10]  # 0.1 s, then up to 0.35 s a call
+    assert [(c.unit_start, c.unit_end) for c in chunks] == [(0, 1), (1, 5), (5, 9), (9, 10)]
+    assert np.concatenate([c.samples for c in chunks]).tolist() == np.repeat(np.arange(10), 10).tolist()
+
+
+def test_a_failure_inside_a_batch_comes_after_the_audio_made_before_it():
+    async def main() -> tuple[list[int], str]:
+        stream = EngineStream(TenthsEngine(fail_at=3), REQUEST, _batched_pool(1.0))
+        sizes = []
+        try:
+            while (chunk := await stream.next()) is not None:
+                sizes.append(len(chunk.samples))
+        except EngineFailure as exc:
+            return sizes, exc.message
+        return sizes, ""
+
+    sizes, message = asyncio.run(main())
+    assert sizes == [10, 20]  # chunk 0 alone, then 1-2 before the failure at 3
+    assert "boom" in message
+
+
+def test_more_urgent_waiting_compares_priority_then_deadline():
+    pool = EnginePool(1)
+    assert not pool.more_urgent_waiting(0, 5.0)
+    release = _blocked(pool)
+    pool.submit_at(5.0, 0, lambda: None)
+    assert pool.more_urgent_waiting(0, 6.0)
+    assert not pool.more_urgent_waiting(0, 4.0)
+    assert not pool.more_urgent_waiting(50, 99.0)  # a live turn is never held back by other work
+    release.set()
+    pool.shutdown()
