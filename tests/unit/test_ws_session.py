@@ -146,6 +146,24 @@ def test_resume_beyond_the_replay_buffer_is_refused():
     assert _drain(s)[0]["unit_start"] == 39
 
 
+def test_unsent_output_does_not_use_up_the_replay_budget():
+    s = Session("s", SessionStart(type="session.start", max_pending_units=1), 24000, replay_bytes=65536)
+    for i in range(10):  # 10 x 4 kB sent: all of it fits the 64 kB kept
+        s.delta(_delta(f"w{i} ", i))
+        segment = s.take_segment()
+        s.audio(segment, bytes(4000), 2000)
+        s.segment_done(segment)
+        _drain(s)
+    for i in range(10, 40):  # then a client that stops reading: 120 kB waits unsent
+        s.delta(_delta(f"w{i} ", i))
+        segment = s.take_segment()
+        s.audio(segment, bytes(4000), 2000)
+        s.segment_done(segment)
+    assert s.unsent_bytes > 65536
+    s.resume(0)  # the sent history is still there to replay from
+    assert _drain(s)[0]["unit_start"] == 1
+
+
 def test_unsent_bytes_follow_the_log():
     s = _session(max_pending_units=1)
     s.delta(_delta("a ", 0))

@@ -66,7 +66,7 @@ class Session:
     session_id: str
     config: SessionStart
     sample_rate: int
-    replay_bytes: int = 2 << 20
+    replay_bytes: int = 512 << 10
     next_unit: int = 0  # the index the next delta must start at
     utterance: int = 0  # the open (or next) utterance
     open: bool = False  # an utterance has text, or an end, not yet done
@@ -218,9 +218,10 @@ class Session:
         return entry
 
     def _trim(self) -> None:
-        """Drop sent entries from the front beyond the replay budget."""
+        """Drop sent entries from the front beyond the replay budget (sent output kept for a
+        resume; unsent output is always kept and does not count against it)."""
         drop = 0
-        while drop < self._cursor and self._log_bytes > self.replay_bytes:
+        while drop < self._cursor and self._log_bytes - self._unsent_bytes > self.replay_bytes:
             entry = self._log[drop]
             self._log_bytes -= entry.size
             self._trimmed_key = max(self._trimmed_key, entry.key)
