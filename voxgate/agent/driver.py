@@ -38,6 +38,8 @@ from voxgate.types import SynthesisRequest, VoxgateError
 
 log = logging.getLogger(__name__)
 
+LIVE_TURN_PRIORITY = 50  # a reply someone is waiting for goes ahead of other speech (HTTP allows -100..100)
+
 
 class Outbound(Protocol):
     """The agent's voice track: paced playout of tagged audio."""
@@ -87,6 +89,8 @@ class CallDriver:
         self.ctl = fsm.DuplexController(controller or fsm.ControllerConfig(), conversation, call_id=call_id)
         self.replies: dict[str, tuple[ReplyPipeline, asyncio.Task[None]]] = {}
         self.traces: list[fsm.TurnTrace] = []
+        self._playing_until: dict[str, float] = {}  # trace -> when its last published frame ends
+        self._silent_at: dict[str, float] = {}  # trace -> when a flushed reply went silent on the wire
         self._mic = np.zeros(0, dtype=np.int16)
         self._mic_start = 0  # sample index (16 kHz) of self._mic[0]
         self._last_speech: tuple[int, int] | None = None  # the latest utterance's samples, for STT
@@ -146,7 +150,9 @@ class CallDriver:
             case fsm.StartReply():
                 self._start_reply(action)
             case fsm.FlushAudio():
-                self.outbound.flush()
+                self.outbound.flush()  # no frame queued before it is published after it
+                now = time.perf_counter()  # so the reply is silent once the frame on the wire has played
+                self._silent_at[action.trace_id] = max(now, self._playing_until.get(action.trace_id, now))
             case fsm.CancelReply():
                 pipeline, _task = self.replies.pop(action.trace_id, (None, None))
                 if pipeline is not None:
@@ -185,8 +191,10 @@ class CallDriver:
 
         def synthesise(segment: Segment) -> ChunkStream:
             self._handle(fsm.SegmentStarted(trace, segment.index, segment.text, at=time.perf_counter()))
-            request = SynthesisRequest(text=segment.text, voice=voice.voice, language=voice.language)
-            return EngineStream(engine, request, self.state.executor)
+            request = SynthesisRequest(
+                text=segment.text, voice=voice.voice, language=voice.language, priority=LIVE_TURN_PRIORITY
+            )
+            return EngineStream(engine, request, self.state.engine_pool)
 
         openers = self.state.starters.phrases(voice.voice) if self.state.settings.starter_cache else []
         pipeline = ReplyPipeline(synthesise, Segmenter(openers=openers))
@@ -226,6 +234,7 @@ class CallDriver:
 
     def _published(self, tag: Hashable, seconds: float, t: float) -> None:
         if isinstance(tag, tuple) and len(tag) == 2:
+            self._playing_until[tag[0]] = t + seconds
             self._handle(fsm.AudioSent(tag[0], tag[1], seconds, at=t))
 
     def _drained(self, tag: Hashable, t: float) -> None:
@@ -237,6 +246,11 @@ class CallDriver:
     def _trace(self, trace: fsm.TurnTrace) -> None:
         self.traces.append(trace)
         marks = trace.marks
+        self._playing_until.pop(trace.trace_id, None)
+        silent = self._silent_at.pop(trace.trace_id, None)
+        if silent is not None and "cancel" in marks:
+            marks["silence"] = silent  # the reply's last audio left the server (cancel -> silence)
+            self.state.metrics.agent.labels("cancel_to_silence").observe(max(0.0, silent - marks["cancel"]))
         end = marks.get("vad_end")
         if end is not None:
             for stage in ("stt_done", "llm_first_token", "first_segment", "tts_first_audio", "first_frame_published"):

@@ -8,9 +8,9 @@ so they add up to EoT -> first audio. The hangover itself is a fixed wait before
 that no mark records; the report shows the configured value beside them.
 
 Barge-in: the gap from the start of the user's speech over a reply to that reply's `cancel`
-mark (the cut turn's trace, then the interrupting turn's, in one file). Silence follows the
-cancel in the same step (the queued audio is flushed before the reply is cancelled), so the
-traces hold no separate cancel -> silence mark; `voxgate bench bridge` measures that one.
+mark (the cut turn's trace, then the interrupting turn's, in one file). Cancel -> silence:
+from that `cancel` mark to `silence`, when the cut reply's last audio left the server (the
+queued audio is flushed at once; the frame already on the wire plays out its 20 ms).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ STAGES = (
     Stage("TTS first audio", "first_segment", "tts_first_audio"),
     Stage("publish", "tts_first_audio", "first_frame_published"),
     Stage("EoT -> first audio", "vad_end", "first_frame_published"),
+    Stage("cancel -> silence", "cancel", "silence"),  # a cut reply's last audio out of the server
 )
 BARGE_IN = Stage("barge-in -> cancel", "interrupter's vad_start", "cancel")  # two turns: never read by _gap
 

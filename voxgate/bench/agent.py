@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from voxgate.bench.server import ServerProcess
+from voxgate.bench.server import ServerProcess, add_set_argument, settings_env
 from voxgate.bench.stats import machine, summary, write_report
 
 QUESTIONS = ["What is the capital of France?", "How do I boil an egg?", "Why is the sky blue?",
@@ -36,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--barge-every", type=int, default=5, help="talk over every Nth reply (default 5; 0: never)")
     parser.add_argument("--url", default=None, help="a running server (needs --trace-dir: its VOXGATE_AGENT_TRACE_DIR)")
     parser.add_argument("--trace-dir", default=None, help="where that server writes its call traces")
+    add_set_argument(parser)
     parser.add_argument("--output-json", default=None, help="where to write results (default bench/results/...)")
 
 
@@ -95,6 +96,9 @@ def summarise(traces: list[dict[str, Any]], call: dict[str, Any]) -> dict[str, A
     out["tts_first_audio_to_first_frame_ms"] = summary(
         [1000 * (t["marks"]["first_frame_published"] - t["marks"]["tts_first_audio"]) for t in answered
          if "tts_first_audio" in t["marks"]], 1)  # fmt: skip
+    out["cancel_to_silence_ms"] = summary(
+        [1000 * (t["marks"]["silence"] - t["marks"]["cancel"]) for t in traces
+         if "silence" in t["marks"] and "cancel" in t["marks"]], 1)  # fmt: skip
     out["stuck_waits"] = call["stuck"]
     out["replies_below_rms_floor"] = sum(r <= AUDIBLE_RMS for r in call["reply_rms"])
     return out
@@ -107,6 +111,8 @@ def _table(s: dict[str, Any]) -> str:
         lines.append(f"| {stage} | {v['n']} | {v['p50']} | {v['p95']} |")
     v = s["tts_first_audio_to_first_frame_ms"]
     lines.append(f"| (tts_first_audio -> first_frame_published) | {v['n']} | {v['p50']} | {v['p95']} |")
+    v = s["cancel_to_silence_ms"]
+    lines.append(f"| (cancel -> silence, server) | {v['n']} | {v['p50']} | {v['p95']} |")
     lines.append(f"\nturn statuses {s['status']}; stuck waits {s['stuck_waits']}; "
                  f"replies below the RMS floor {s['replies_below_rms_floor']}")  # fmt: skip
     return "\n".join(lines)
@@ -122,6 +128,7 @@ def run_agent_bench(args: argparse.Namespace) -> int:
             call = asyncio.run(_call(args.url.rstrip("/"), args.turns, args.barge_every))
         else:
             env = {"LLM_EMBEDDED": "true", "AGENT_TRACE_DIR": str(trace_dir)}
+            env.update(settings_env(args.set, "voxgate bench agent"))
             with ServerProcess("piper", env=env) as server:
                 print(f"server ready at {server.url}", flush=True)
                 call = asyncio.run(_call(server.url, args.turns, args.barge_every))
@@ -133,7 +140,8 @@ def run_agent_bench(args: argparse.Namespace) -> int:
     report = {
         "bench": "agent",
         "date": stamp.isoformat(timespec="seconds"),
-        "command": f"voxgate bench agent --turns {args.turns} --barge-every {args.barge_every}",
+        "command": f"voxgate bench agent --turns {args.turns} --barge-every {args.barge_every}"
+        + "".join(f" --set {kv}" for kv in args.set),
         "machine": before,
         "summary": result,
         "traces": traces,

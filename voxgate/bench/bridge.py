@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from voxgate.bench.server import ServerProcess
+from voxgate.bench.server import ServerProcess, add_set_argument, settings_env
 from voxgate.bench.stats import machine, summary, write_report
 from voxgate.bridge.corpus import check_corpus, make_replies
 
@@ -43,13 +43,7 @@ _SENTENCE_END = re.compile(r"[.!?。！？](\s|$)")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default=None, help="a running server (default: start `voxgate serve` here)")
     parser.add_argument("--engine", default="piper", help="engine of the started server (default piper)")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a VOXGATE_ setting for the started server, e.g. LLM_THREADS=1 (repeatable)",
-    )
+    add_set_argument(parser)
     parser.add_argument("--n", type=int, default=30, help="replies per series (default 30)")
     parser.add_argument("--cancels", type=int, default=30, help="stopped replies (default 30)")
     parser.add_argument("--max-tokens", type=int, default=60, help="LLM reply length (default 60)")
@@ -194,16 +188,6 @@ def _table(s: dict[str, Any], corpus: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _settings(pairs: list[str]) -> dict[str, str]:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"voxgate bench bridge: --set wants KEY=VALUE, got {pair!r}")
-        out[key.upper().removeprefix("VOXGATE_")] = value
-    return out
-
-
 def run_bridge_bench(args: argparse.Namespace) -> int:
     before = machine()
     t0 = time.perf_counter()
@@ -212,7 +196,7 @@ def run_bridge_bench(args: argparse.Namespace) -> int:
     if args.url:
         raw = run_series(args.url.rstrip("/"), args.n, args.cancels, args.max_tokens, args.warmup)
     else:
-        env = {"LLM_EMBEDDED": "true", **_settings(args.set)}
+        env = {"LLM_EMBEDDED": "true", **settings_env(args.set, "voxgate bench bridge")}
         with ServerProcess(args.engine, env=env) as server:
             print(
                 f"[{args.engine} + embedded LLM] ready in {time.perf_counter() - t0:.1f} s at {server.url}", flush=True

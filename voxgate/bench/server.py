@@ -6,6 +6,7 @@ a user runs.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -18,6 +19,27 @@ from types import TracebackType
 import httpx
 
 _URL_RE = re.compile(r"serving on (http://\S+)")
+
+
+def settings_env(pairs: list[str], command: str) -> dict[str, str]:
+    """`--set KEY=VALUE` options as a started server's environment (`KEY` with or without VOXGATE_)."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"{command}: --set wants KEY=VALUE, got {pair!r}")
+        out[key.upper().removeprefix("VOXGATE_")] = value
+    return out
+
+
+def add_set_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a VOXGATE_ setting for the started server, e.g. LLM_THREADS=1 (repeatable)",
+    )
 
 
 class ServerError(RuntimeError):

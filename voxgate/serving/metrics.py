@@ -54,7 +54,8 @@ class Metrics:
                                       registry=r)  # fmt: skip
         self.agent = Histogram("voxgate_agent_seconds", "Voice agent turns: from the end of the user's turn (VAD) "
                                "to STT done / LLM first token / first segment / TTS first audio / first frame "
-                               "published.", ["stage"], buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
+                               "published; stage cancel_to_silence: a cut reply's cancel to its last audio out.",
+                               ["stage"], buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
         self.agent_turns = Counter("voxgate_agent_turns_total", "Voice agent turns by how they ended.", ["status"],
                                    registry=r)  # fmt: skip
         self.ws_sessions = Gauge("voxgate_ws_sessions", "WebSocket sessions held (attached or awaiting resume).",
