@@ -75,3 +75,14 @@ def test_speaking_over_the_reply_cuts_it_and_starts_a_new_turn(bridge, speak):
             await bot.hang_up()
 
     asyncio.run(asyncio.wait_for(call(), 150))
+    metrics = httpx.get(bridge.url + "/metrics").text
+    count = _sample(metrics, 'voxgate_agent_seconds_count{stage="cancel_to_silence"}')
+    total = _sample(metrics, 'voxgate_agent_seconds_sum{stage="cancel_to_silence"}')
+    assert count >= 1  # the cut reply went silent on the wire: not after playing out (seconds)
+    assert total / count < 1.0
+
+
+def _sample(metrics: str, name: str) -> float:
+    line = next((x for x in metrics.splitlines() if x.startswith(name)), None)
+    assert line is not None, f"{name} not in /metrics"
+    return float(line.rsplit(" ", 1)[1])
