@@ -43,6 +43,13 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--case", action="append", dest="only", default=[], help="run only this case id (repeatable)")
     parser.add_argument("--cases", type=Path, help="case file (default: the packaged cases.json)")
     parser.add_argument("--url", help="a running voxgate server (default: start one with the CPU defaults)")
+    parser.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a VOXGATE_ setting (without the prefix) for the spawned server, e.g. AGENT_MAX_TOKENS=60",
+    )
     parser.add_argument("--capture-dir", type=Path, help="with --url: the server's VOXGATE_AGENT_CAPTURE_DIR")
     parser.add_argument("--trace-dir", type=Path, help="with --url: the server's VOXGATE_AGENT_TRACE_DIR")
     parser.add_argument("--out", type=Path, default=DEFAULT_ROOT, help=f"output root (default {DEFAULT_ROOT})")
@@ -58,8 +65,13 @@ def _progress(line: str) -> None:
 
 def _options(args: argparse.Namespace):  # -> E2eRun
     from voxgate.regress.e2e.runner import E2eRun
+    from voxgate.types import InvalidRequest
 
+    if any("=" not in item for item in args.server_env):
+        raise InvalidRequest("--server-env takes NAME=VALUE")
+    env = tuple(tuple(item.split("=", 1)) for item in args.server_env)
     return E2eRun(tier=args.tier, turns=args.turns, only=tuple(args.only), url=args.url, capture_dir=args.capture_dir,
+                  server_env=env,  # type: ignore[arg-type]
                   trace_dir=args.trace_dir, root=args.out, cases_file=args.cases, gates_file=args.gates,
                   baseline=args.baseline, force=args.force, retry=not args.no_retry)  # fmt: skip
 

@@ -47,6 +47,7 @@ class E2eRun:
     turns: int = 20  # nightly: fresh calls
     only: tuple[str, ...] = ()  # case ids (default: the tier's)
     url: str | None = None  # a running server instead of spawning one
+    server_env: tuple[tuple[str, str], ...] = ()  # VOXGATE_* settings (no prefix) of the spawned server
     capture_dir: Path | None = None  # that server's VOXGATE_AGENT_CAPTURE_DIR
     trace_dir: Path | None = None  # that server's VOXGATE_AGENT_TRACE_DIR
     root: Path = DEFAULT_ROOT
@@ -110,7 +111,8 @@ def run_config(options: E2eRun, cases: list[Case]) -> dict[str, Any]:
     source = options.cases_file or CASES_FILE
     return {"tier": options.tier, "cases": [c.id for c in cases],
             "cases_sha": hashlib.sha256(source.read_bytes()).hexdigest()[:12],
-            "server": "url" if options.url else "spawned: piper, embedded SmolLM2, whisper tiny.en"}  # fmt: skip
+            "server": "url" if options.url else "spawned: piper, embedded SmolLM2, whisper tiny.en",
+            "server_env": dict(options.server_env)}  # fmt: skip
 
 
 def _card() -> str:
@@ -146,7 +148,8 @@ def _server(options: E2eRun, run_dir: Path, progress: Progress) -> Iterator[tupl
     from voxgate.bench.server import ServerProcess
 
     pre, traces = run_dir / "pre", run_dir / "traces"
-    env = {"LLM_EMBEDDED": "true", "AGENT_CAPTURE_DIR": str(pre), "AGENT_TRACE_DIR": str(traces)}
+    env = {"LLM_EMBEDDED": "true", **dict(options.server_env), "AGENT_CAPTURE_DIR": str(pre),
+           "AGENT_TRACE_DIR": str(traces)}  # fmt: skip
     t0 = time.perf_counter()
     with ServerProcess("piper", env=env) as server:
         progress(f"server ready at {server.url} in {time.perf_counter() - t0:.1f} s")
