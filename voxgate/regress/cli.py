@@ -25,6 +25,8 @@ def add_regress_commands(sub: argparse._SubParsersAction) -> None:
     tts.add_argument("--golden", type=Path, help="baseline folder (default OUT/golden/ENGINE)")
     tts.add_argument("--force", action="store_true", help="compare with a baseline made under another config")
     tts.add_argument("--inject", choices=sorted(FAULTS), help="corrupt the streamed audio on purpose (self-test)")
+    tts.add_argument("--runs", type=int, help="streamed runs per text (default: the mode's, from the gate config)")
+    tts.add_argument("--texts", help="only these text ids, comma-separated (e.g. en_short_01 for a slow engine)")
     tts.set_defaults(func=cmd_tts)
 
     freeze = sub.add_parser("freeze", help="make a passing tts run the golden baseline")
@@ -74,8 +76,9 @@ def cmd_tts(args: argparse.Namespace) -> int:
     from voxgate.regress.run import TtsRun, run_tts
 
     settings, engine = _engine(args)
+    texts = tuple(t.strip() for t in args.texts.split(",") if t.strip()) if args.texts else None
     options = TtsRun(mode=args.mode, root=args.out, golden=args.golden, force=args.force, inject=args.inject,
-                     gates_file=args.gates)  # fmt: skip
+                     gates_file=args.gates, runs=args.runs, texts=texts)  # fmt: skip
     try:
         summary, results = run_tts(options, settings, engine, _progress)
     finally:

@@ -25,8 +25,9 @@ from voxgate.regress import plots, report
 from voxgate.regress.gates import Gate, GateResult, evaluate, failed, load_gates, read_config, verdict
 from voxgate.regress.golden import Golden, golden_dir, load_golden
 from voxgate.regress.measure import CaseMetrics, CaseRecording, case_values, gate_metrics, measure_case
-from voxgate.regress.texts import Mode, load_texts
+from voxgate.regress.texts import Mode, TextCase, load_texts
 from voxgate.regress.tts import card, config_id, engine_config, record_all
+from voxgate.types import InvalidRequest
 
 DEFAULT_ROOT = Path("regress/tts")
 MAX_FAILURE_FIGURES = 6
@@ -43,6 +44,7 @@ class TtsRun:
     inject: str | None = None  # a fault from voxgate.regress.faults, applied to the streamed audio
     gates_file: Path | None = None  # default: the packaged gates.toml
     runs: int | None = None  # streamed runs per text (default: the mode's, from the gate config)
+    texts: tuple[str, ...] | None = None  # only these text ids (default: the mode's set)
     record: bool = True  # append to history.log and move `latest`
 
 
@@ -62,7 +64,7 @@ def run_tts(
     golden = load_golden(golden_path, config, cid, options.force)
     progress(f"golden baseline: {golden_path if golden else 'none (SNR gates skipped)'}")
 
-    recordings, skipped = record_all(engine, load_texts(options.mode), voice, runs, options.inject, progress)
+    recordings, skipped = record_all(engine, _texts(options), voice, runs, options.inject, progress)
     cases = [measure_case(r, golden.audio.get(r.case_id) if golden else None, repeat_min_s) for r in recordings]
     values, where = gate_metrics(cases)
     results = evaluate(values, gates, where)
@@ -99,6 +101,17 @@ def run_tts(
         report.append_history(options.root, report.history_line(summary))
         report.update_latest(options.root, run_dir)
     return summary, results
+
+
+def _texts(options: TtsRun) -> list[TextCase]:
+    cases = load_texts(options.mode)
+    if options.texts is None:
+        return cases
+    known = {c.id for c in load_texts("full")}
+    unknown = sorted(set(options.texts) - known)
+    if unknown:
+        raise InvalidRequest(f"unknown text ids: {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return [c for c in load_texts("full") if c.id in options.texts]
 
 
 def _new_run_dir(root: Path, name: str) -> Path:

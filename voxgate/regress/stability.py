@@ -4,7 +4,8 @@ and the thresholds that spread suggests (the seeds calibrated theirs the same wa
 Pure: run summaries in, per-metric statistics and suggestions out. Hard limits (no invalid
 audio, one hash, no repeat, no clipping, SNR and duration against the baseline) are kept as
 they are; latency, stream-vs-offline, clicks and silence gaps get
-max(p95 x 1.2, median + 2 sigma), rounded up to two significant digits.
+max(p95 x 1.2, median + 2 sigma), rounded up to two significant digits (kept when every
+sample is the same: no spread, nothing to calibrate on).
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ def suggest(gate: Gate, stats: dict[str, Any]) -> tuple[float, str]:
     """(suggested threshold, how it was found)."""
     if gate.name not in CALIBRATED or not stats["n"]:
         return gate.threshold, "kept (hard limit)" if stats["n"] else "kept (no data)"
+    if stats["max"] == stats["min"]:  # e.g. always 0 ms: any threshold would be a guess
+        return gate.threshold, "kept (no spread)"
     value = _round_up(max(stats["p95"] * 1.2, stats["median"] + 2 * stats["sigma"]))
     return value, "max(p95 x 1.2, median + 2 sigma)"
 
