@@ -38,9 +38,9 @@ def speechlike(seconds: float = 3.0, seed: int = 0) -> np.ndarray:
 
 
 def take(post: np.ndarray, *, status: str = "completed", arrivals: np.ndarray | None = None,
-         eot_ms: float = 2000.0) -> ReplyTake:  # fmt: skip
-    """A reply heard as `post` (after 0.4 s of waiting), first audio at t=10 s."""
-    wait = np.zeros(round(0.4 * RATE), dtype=np.float32)
+         eot_ms: float = 2000.0, wait_s: float = 0.4) -> ReplyTake:  # fmt: skip
+    """A reply heard as `post` (after `wait_s` of waiting), first audio at t=10 s."""
+    wait = np.zeros(round(wait_s * RATE), dtype=np.float32)
     audio = np.concatenate([wait, post, np.zeros(RATE // 5, dtype=np.float32)])
     frames = len(audio) // 480
     times = arrivals if arrivals is not None else 9.6 + 0.02 * np.arange(frames)
@@ -82,6 +82,11 @@ def test_silence_inserted_fails_the_gap_gates_with_and_without_the_engine_captur
     broken = inject.faults.insert_silence(HEARD, RATE, seconds=1.5)
     assert {"max_gap", "added_gap"} <= failing(run(broken, GOOD))
     assert "max_gap" in failing(run(broken, None))  # PRE_MISSING: transport ring only
+
+
+def test_a_long_wait_before_the_reply_still_lines_up() -> None:
+    reply = metrics.measure(take(HEARD, wait_s=3.5), "P0", (GOOD, RATE), MARKS)
+    assert reply.mel_distance_db is not None and reply.mel_distance_db < 1.0 and reply.added_gap_ms == 0.0
 
 
 def test_garbled_audio_fails_the_mel_distance() -> None:

@@ -58,7 +58,7 @@ def match_windows(pre: np.ndarray, post: np.ndarray, rate: int, post_end: int | 
     limit = len(post) if post_end is None else min(post_end, len(post))
     voiced = signals.speech_frames(pre, rate)
     frame = round(signals.FRAME_S * rate)
-    lag, out = 0, []
+    lag, out = _onset(post, rate) - _onset(pre, rate), []  # the reply's wait before its first sound, any length
     for start in range(0, max(len(pre) - win // 4, 0), win):
         piece = pre[start : start + win]
         first = start // frame
@@ -77,6 +77,12 @@ def match_windows(pre: np.ndarray, post: np.ndarray, rate: int, post_end: int | 
         out.append(Match(start, at, mel, ncc))
         lag = at - start
     return out
+
+
+def _onset(x: np.ndarray, rate: int) -> int:
+    """The first speech frame's start, in samples (0 for none)."""
+    voiced = np.flatnonzero(signals.speech_frames(x, rate))
+    return int(voiced[0]) * round(signals.FRAME_S * rate) if voiced.size else 0
 
 
 def _at(x: np.ndarray, start: int, n: int) -> np.ndarray:
