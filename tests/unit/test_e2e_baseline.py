@@ -63,3 +63,21 @@ def test_the_report_puts_the_kpi_first_and_a_fix_under_each_failure(tmp_path: Pa
     line = report.history_line(summary)
     assert line.startswith("FAIL 2026-11-26") and "eot_to_first_audio_p95=2000" in line
     assert "failed=audio_valid_rate" in line
+
+
+def test_stability_pools_reply_and_run_numbers_and_suggests_thresholds_from_their_spread() -> None:
+    from voxgate.regress.e2e import stability
+
+    def summary(kpi: float, gaps: list[float]) -> dict:
+        replies = [{"priority": "P0", "max_gap_ms": g, "drift_ratio": 0.99} for g in gaps]
+        replies.append({"priority": "P1", "max_gap_ms": 5000.0, "drift_ratio": 1.5})  # P1 is not calibrated
+        for r in replies:
+            r.update({k: None for k in stability.PER_REPLY.values() if k not in r})
+        return {"verdict": "PASS", "gates": [{"name": "eot_to_first_audio_p95", "value": kpi}], "replies": replies}
+
+    rows, text = stability.table(read_config(GATES_FILE), [summary(2000, [100, 300]), summary(2400, [200, 400])])
+    by_gate = {r["gate"]: r for r in rows}
+    assert by_gate["eot_to_first_audio_p95"]["n"] == 2 and by_gate["max_gap"]["n"] == 4
+    assert by_gate["max_gap"]["max"] == 400 and by_gate["drift"]["median"] == pytest.approx(0.01)
+    assert by_gate["eot_to_first_audio_p95"]["suggested"] >= 2400 * 1.2 * 0.99  # p95 x 1.2, rounded up
+    assert by_gate["mel_distance"]["suggested"] is None and "verdicts: PASS, PASS" in text
