@@ -3,6 +3,7 @@ P1 fingerprints, and how a call's recording is cut into replies."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -119,3 +120,31 @@ def test_replies_are_cut_by_their_events_and_tied_to_the_words_they_answer() -> 
     assert len(first.post) == round((4.8 - 2.5) / 0.02) * 320  # to reply.end + 0.5 s
     assert second.t_eot == 6.0 and second.t_first_audio == pytest.approx(8.0) and not second.cut
     assert probe.call_audible(_recording())
+
+
+def test_a_silent_capture_is_called_again_once_and_the_second_attempt_is_kept(monkeypatch, tmp_path: Path) -> None:
+    import asyncio
+
+    from voxgate.regress.e2e import runner
+
+    calls: list[int] = []
+
+    async def fake_call(url, case, utterances, attempt=1, **kw):  # the first call hears nothing
+        calls.append(attempt)
+        rec = _recording()
+        if attempt == 1:
+            rec.audio = [(t, np.zeros_like(x)) for t, x in rec.audio]
+        return dataclasses.replace(rec, attempt=attempt)
+
+    monkeypatch.setattr(runner, "run_call", fake_call)
+    case = select(load_cases(), "mini", only=["interrupt_once"])[0]
+    recordings = asyncio.run(runner._calls("http://x", [case], {case.id: []}, True, lambda line: None))
+    assert calls == [1, 2] and [r.attempt for r in recordings[case.id]] == [1, 2]
+    (tmp_path / "events").mkdir()
+    (tmp_path / "post").mkdir()
+    result, replies = runner._measure(case, recordings[case.id], None, None, None, tmp_path)
+    assert result.attempts == 2 and result.retried_because == "nothing heard" and result.audible
+    assert [r.attempt for r in replies] == [2, 2] and (tmp_path / "events" / f"{case.id}.attempt1.json").is_file()
+    calls.clear()
+    asyncio.run(runner._calls("http://x", [case], {case.id: []}, False, lambda line: None))
+    assert calls == [1]  # --no-retry

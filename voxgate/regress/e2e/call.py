@@ -58,7 +58,14 @@ def _count(bot: Any, kinds: tuple[str, ...]) -> int:
 
 
 def _audible_since(bot: Any, since: float) -> bool:
-    return any(t >= since and float(np.sqrt(np.mean(np.square(x)))) > AUDIBLE_RMS for t, x in _chunks(bot))
+    """Checked on every frame while waiting: newest first, stopping at `since` (the loop's
+    time is the probe's clock; a slow check would delay the frames it timestamps)."""
+    for r in reversed(bot.audio):
+        if r.t < since:
+            return False
+        if float(np.sqrt(np.mean(np.square(r.samples)))) > AUDIBLE_RMS:
+            return True
+    return False
 
 
 def _chunks(bot: Any) -> list[tuple[float, np.ndarray]]:

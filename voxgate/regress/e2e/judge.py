@@ -29,6 +29,7 @@ class CaseResult:
     attempts: int = 0
     skipped: str | None = None
     error: str | None = None  # the last attempt's call error
+    retried_because: str | None = None  # what the first attempt's capture lacked
     call_id: str | None = None
     replies: int = 0  # reply.start events of the kept attempt
     statuses: list[str | None] = field(default_factory=list)

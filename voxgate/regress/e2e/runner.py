@@ -164,8 +164,8 @@ async def _calls(url: str, cases: list[Case], said: dict[str, list[Utterance]], 
             progress(f"[{i}/{len(cases)}] {case.id}: skipped ({case.skip})")
             continue
         attempts = [await run_call(url, case, said[case.id])]
-        if retry and _silent(attempts[-1]):
-            progress(f"[{i}/{len(cases)}] {case.id}: silent capture, calling again")
+        if retry and (why := _silent(attempts[-1])):
+            progress(f"[{i}/{len(cases)}] {case.id}: {why}, calling again")
             attempts.append(await run_call(url, case, said[case.id], attempt=2))
         rec = attempts[-1]
         ends = [e.get("status") for _, e in rec.events if e.get("type") == "reply.end"]
@@ -174,9 +174,11 @@ async def _calls(url: str, cases: list[Case], said: dict[str, list[Utterance]], 
     return out
 
 
-def _silent(rec: CallRecording) -> bool:
-    """Nothing heard, or no reply at all: worth one more call."""
-    return not probe.call_audible(rec) or not any(e.get("type") == "reply.start" for _, e in rec.events)
+def _silent(rec: CallRecording) -> str | None:
+    """Why the call's capture was silent (worth one more call), or None."""
+    if not any(e.get("type") == "reply.start" for _, e in rec.events):
+        return f"no reply{': ' + rec.error if rec.error else ''}"
+    return None if probe.call_audible(rec) else "nothing heard"
 
 
 def _measure(case: Case, attempts: list[CallRecording], capture_dir: Path | None, trace_dir: Path | None,
@@ -185,8 +187,12 @@ def _measure(case: Case, attempts: list[CallRecording], capture_dir: Path | None
     result = judge.CaseResult(case.id, case.priority, attempts=len(attempts), skipped=case.skip)
     if not attempts:
         return result, []
+    for n, rec in enumerate(attempts, 1):  # the kept attempt as <case>.json, earlier ones beside it
+        name = f"{case.id}.json" if n == len(attempts) else f"{case.id}.attempt{n}.json"
+        (run_dir / "events" / name).write_text(json.dumps([{"t": t, **e} for t, e in rec.events], indent=1))
+    if len(attempts) > 1:
+        result.retried_because = _silent(attempts[0])
     rec = attempts[-1]
-    (run_dir / "events" / f"{case.id}.json").write_text(json.dumps([{"t": t, **e} for t, e in rec.events], indent=1))
     result.error, result.call_id, result.audible = rec.error, rec.call_id, probe.call_audible(rec)
     takes = probe.replies(rec)
     result.replies, result.statuses = len(takes), [t.status for t in takes]
