@@ -40,6 +40,8 @@ def test_the_packaged_config_has_every_gate_and_engine_overrides():
     assert by_name["snr_vs_golden"].threshold == 15.0 and by_name["snr_vs_golden"].op == ">="
     assert by_name["stream_vs_offline"].threshold == 50.0
     assert {g.name: g for g in _gates("piper")}["ttfa_p95"].threshold > by_name["ttfa_p95"].threshold
+    qwen3 = {"cuda": load_gates(CONFIG, "tts", "qwen3", "cuda"), "cpu": load_gates(CONFIG, "tts", "qwen3", "cpu")}
+    assert qwen3["cuda"][4].threshold == 350.0 and qwen3["cpu"][4].threshold > 350.0
     assert all(g.hint for g in _gates())
     assert CONFIG["tts"]["modes"]["fast"]["runs"] >= 2
 

@@ -111,6 +111,7 @@ def cmd_stability(args: argparse.Namespace) -> int:
     from voxgate.regress.gates import load_gates, read_config
     from voxgate.regress.golden import golden_dir
     from voxgate.regress.run import TtsRun, run_tts
+    from voxgate.regress.tts import device
     from voxgate.types import InvalidRequest
 
     if args.runs < 2:
@@ -127,7 +128,7 @@ def cmd_stability(args: argparse.Namespace) -> int:
             summaries.append(run_tts(options, settings, engine, _progress)[0])
     finally:
         engine.close()
-    gates = load_gates(read_config(args.gates), "tts", engine.name)
+    gates = load_gates(read_config(args.gates), "tts", engine.name, device(settings, engine.name))
     rows, text = stability.table(gates, summaries)
     result = {"engine": engine.name, "mode": args.mode, "runs": args.runs, "gates": rows,
               "run_dirs": [s["run_dir"] for s in summaries]}  # fmt: skip

@@ -75,10 +75,15 @@ def read_config(path: Path | None = None) -> dict[str, Any]:
         raise GateConfigError(f"gate config {path} is not valid TOML: {exc}") from None
 
 
-def load_gates(config: Mapping[str, Any], suite: str, engine: str | None = None) -> list[Gate]:
-    """The gates of `suite` (e.g. "tts") in file order, with `engine`'s overrides applied."""
+def load_gates(
+    config: Mapping[str, Any], suite: str, engine: str | None = None, device: str | None = None
+) -> list[Gate]:
+    """The gates of `suite` (e.g. "tts") in file order, with the overrides of `engine`, then
+    of `engine.device` (e.g. `qwen3.cpu`), applied."""
     table = config.get(suite, {})
-    overrides = table.get("engines", {}).get(engine or "", {}).get("gates", {})
+    engines = table.get("engines", {})
+    overrides = {**engines.get(engine or "", {}).get("gates", {}),
+                 **engines.get(f"{engine}.{device}", {}).get("gates", {})}  # fmt: skip
     gates = []
     for name, raw in table.get("gates", {}).items():
         if raw.get("op") not in _OPS or not isinstance(raw.get("threshold"), int | float):

@@ -26,7 +26,7 @@ from voxgate.regress.gates import Gate, GateResult, evaluate, failed, load_gates
 from voxgate.regress.golden import Golden, golden_dir, load_golden
 from voxgate.regress.measure import CaseMetrics, CaseRecording, case_values, gate_metrics, measure_case
 from voxgate.regress.texts import Mode, TextCase, load_texts
-from voxgate.regress.tts import card, config_id, engine_config, record_all
+from voxgate.regress.tts import card, config_id, device, engine_config, record_all
 from voxgate.types import InvalidRequest
 
 DEFAULT_ROOT = Path("regress/tts")
@@ -54,7 +54,7 @@ def run_tts(
     """Synthesise the text set, judge it, write the run folder; return (summary, gate results)."""
     started = time.perf_counter()
     config_file = read_config(options.gates_file)
-    gates = load_gates(config_file, "tts", engine.name)
+    gates = load_gates(config_file, "tts", engine.name, device(settings, engine.name))
     runs = options.runs or int(config_file["tts"]["modes"][options.mode]["runs"])
     repeat_min_s = next(g.threshold for g in gates if g.name == "repeat")
     voice = settings.default_voice or engine.voices()[0].id

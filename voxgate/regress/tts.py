@@ -47,9 +47,14 @@ def config_id(config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def device(settings: Settings, engine_name: str) -> str:
+    """Where the engine computes: `cuda` or `cpu` (only qwen3 can use a GPU)."""
+    return settings.qwen3_device.split(":")[0] if engine_name == "qwen3" else "cpu"
+
+
 def card(settings: Settings, engine_name: str) -> str:
     """The processor the audio was computed on: the GPU's name for a CUDA qwen3, else the CPU."""
-    if engine_name == "qwen3" and settings.qwen3_device.startswith("cuda"):
+    if device(settings, engine_name) == "cuda":
         import torch
 
         return torch.cuda.get_device_name()
