@@ -84,7 +84,8 @@ def markdown(summary: dict[str, Any], gates: Sequence[GateResult], figures: dict
         "",
         f"- engine `{summary['engine']}`, voice `{summary['config']['voice']}`, mode `{summary['mode']}`, "
         f"{summary['runs']} runs per text; config `{summary['config_id']}`",
-        f"- {summary['date']}, voxgate {summary['version']}, card: {summary['card']}; wall {summary['wall_s']} s",
+        f"- {summary['date']}, voxgate {summary['version']}, card: {summary['card']}; wall {summary['wall_s']} s"
+        + (f"; {m['cores']} cores, load {m['load_avg_1m']}" if (m := summary.get("machine")) else ""),
         f"- golden baseline: {base}",
     ]
     if summary.get("inject"):

@@ -19,6 +19,7 @@ import numpy as np
 
 from voxgate import __version__
 from voxgate.audio import wav_bytes
+from voxgate.bench.stats import machine
 from voxgate.config import Settings
 from voxgate.engines.base import Engine
 from voxgate.regress import plots, report
@@ -84,6 +85,7 @@ def run_tts(
         "config": config,
         "config_id": cid,
         "card": card(settings, engine.name),
+        "machine": machine(),  # cores and load average: what the TTFA numbers were measured under
         "golden": _golden_info(golden),
         "inject": options.inject,
         "gates": [asdict(r) for r in results],
