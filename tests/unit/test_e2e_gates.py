@@ -103,7 +103,7 @@ def test_bursty_frames_fail_inter_arrival() -> None:
 
 
 def test_latency_gates_fail_on_slow_stages_and_pass_on_fast_ones() -> None:
-    assert "eot_to_first_audio_p95" in failing(run(HEARD, GOOD, eot_ms=7000))
+    assert "eot_to_first_audio_p95" in failing(run(HEARD, GOOD, eot_ms=12000))
     slow = {**MARKS, "llm_first_token": 4000.0, "first_frame_published": 1560.0}
     assert {"llm_ttft_p95", "tts_first_to_publish_p95"} <= failing(run(HEARD, GOOD, marks=slow))
 
@@ -135,7 +135,7 @@ def test_a_silent_reply_is_measured_only_where_it_means_something() -> None:
 def test_a_cut_reply_is_compared_only_as_far_as_it_was_heard() -> None:
     heard = HEARD[: len(HEARD) // 2]
     reply = metrics.measure(take(heard, status="interrupted"), "P0", (GOOD, RATE), MARKS)
-    assert reply.mel_distance_db is not None and reply.mel_distance_db < 3.0
+    assert reply.mel_distance_db is not None and reply.mel_distance_db < 1.5
     assert reply.drift_ratio is None  # a cut reply has no pace to compare
 
 
