@@ -292,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("protocol-schema", help="JSON schema of the WebSocket protocol's client messages")
     schema.set_defaults(func=cmd_protocol_schema)
 
-    from voxgate.engines.qwen3.checkpoint import MODELS
+    from voxgate.engines.qwen3.config import MODELS  # no torch: the CLI starts fast
 
     mrc = sub.add_parser("make-random-checkpoint", help="random-weight Qwen3-TTS checkpoint in the official layout")
     mrc.add_argument("--model", required=True, choices=MODELS)

@@ -20,18 +20,11 @@ from torch import nn
 
 from voxgate.engines.qwen3.codec import CodecDecoder, CodecDecoderConfig
 from voxgate.engines.qwen3.codec_encoder import CodecEncoder, CodecEncoderConfig
-from voxgate.engines.qwen3.config import Qwen3TTSConfig
+from voxgate.engines.qwen3.config import MODELS, Qwen3TTSConfig
 from voxgate.engines.qwen3.speaker import SpeakerEncoder, SpeakerEncoderConfig
 from voxgate.engines.qwen3.talker import Talker
 
 log = logging.getLogger(__name__)
-MODELS = (
-    "Qwen3-TTS-12Hz-0.6B-CustomVoice",
-    "Qwen3-TTS-12Hz-0.6B-Base",
-    "Qwen3-TTS-12Hz-1.7B-CustomVoice",
-    "Qwen3-TTS-12Hz-1.7B-Base",
-    "Qwen3-TTS-12Hz-1.7B-VoiceDesign",
-)
 TINY_TALKER = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2,
                "num_key_value_heads": 1, "head_dim": 128, "text_hidden_size": 64}  # fmt: skip
 TINY_PREDICTOR = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,

@@ -7,6 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+MODELS = (  # the official checkpoints `make-random-checkpoint` can imitate
+    "Qwen3-TTS-12Hz-0.6B-CustomVoice",
+    "Qwen3-TTS-12Hz-0.6B-Base",
+    "Qwen3-TTS-12Hz-1.7B-CustomVoice",
+    "Qwen3-TTS-12Hz-1.7B-Base",
+    "Qwen3-TTS-12Hz-1.7B-VoiceDesign",
+)
+
 
 @dataclass(frozen=True, slots=True)
 class StackConfig:
