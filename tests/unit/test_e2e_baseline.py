@@ -55,7 +55,9 @@ def test_a_baseline_made_under_another_config_is_refused_unless_forced(tmp_path:
 
 def test_the_report_puts_the_kpi_first_and_a_fix_under_each_failure(tmp_path: Path) -> None:
     summary, results = _summary(tmp_path / "run", 2000.0, audible=False)
+    summary["machine"] = {"load_avg_1m": 3.5, "load_avg_1m_after": 4.2}
     text = report.markdown(summary, results, {})
+    assert "load average 3.5 -> 4.2" in text  # what the latency was measured under
     assert text.splitlines()[0] == "# voxgate regress e2e: FAIL"
     assert "**PRIMARY KPI** EoT -> first audio p95: 2000 ms (no baseline" in text
     fixes = text.split("## Suggested fixes")[1].split("##")[0]

@@ -81,10 +81,11 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 
 
 def markdown(summary: Mapping[str, Any], results: Sequence[GateResult], figures: Mapping[str, str]) -> str:
-    replies = summary["replies"]
+    replies, m = summary["replies"], summary.get("machine")
+    load = f"; load average {m['load_avg_1m']} -> {m['load_avg_1m_after']}" if m else ""
     lines = [f"# voxgate regress e2e: {summary['verdict']}", "", _kpi_line(summary), "",
              f"- tier `{summary['tier']}`, {len(summary['cases'])} cases, server {summary['url']}; "
-             f"{summary['date']}, voxgate {summary['version']}, {summary['card']}; wall {summary['wall_s']} s",
+             f"{summary['date']}, voxgate {summary['version']}, {summary['card']}; wall {summary['wall_s']} s{load}",
              "- the bot is user and probe at once (1:1 WebRTC, no room): post = what it received; "
              "pre = what the agent enqueued on its track (VOXGATE_AGENT_CAPTURE_DIR)"]  # fmt: skip
     if summary.get("inject"):

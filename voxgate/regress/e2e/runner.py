@@ -28,6 +28,7 @@ from typing import Any
 
 from voxgate import __version__
 from voxgate.audio import decode_wav, wav_bytes
+from voxgate.bench.stats import machine
 from voxgate.regress.e2e import baseline, inject, judge, metrics, probe, report
 from voxgate.regress.e2e.call import CallRecording, run_call
 from voxgate.regress.e2e.cases import CASES_FILE, Case, load_cases, select
@@ -67,7 +68,7 @@ def run_e2e(options: E2eRun, progress: Progress) -> tuple[dict[str, Any], list[G
     config = run_config(options, cases)
     base = baseline.load_baseline(options.baseline or baseline.baseline_dir(options.root), config, options.force)
     progress(f"{len(cases)} cases ({options.tier}); baseline: {base['source_run'] if base else 'none'}")
-    stamp = datetime.now(UTC)
+    stamp, load_before = datetime.now(UTC), machine()
     run_dir = _new_run_dir(options.root, f"{stamp:%Y%m%d-%H%M%S}_{options.tier}")
     voice = piper_voice()
     said = {c.id: utterances(c, voice) for c in cases if c.skip is None}
@@ -93,6 +94,7 @@ def run_e2e(options: E2eRun, progress: Progress) -> tuple[dict[str, Any], list[G
         "suite": "e2e", "verdict": verdict(results), "date": stamp.isoformat(timespec="seconds"),
         "tier": options.tier, "version": __version__, "config": config, "config_id": baseline.config_id(config),
         "card": _card(), "url": options.url or "spawned", "inject": options.inject,
+        "machine": {**load_before, "load_avg_1m_after": machine()["load_avg_1m"]},  # what latency was measured under
         "baseline": None if base is None else {k: base.get(k) for k in ("source_run", "frozen_at", "version",
                                                                           "card", "primary_kpi_p95_ms", "forced")},
         "gates": [dataclasses.asdict(r) for r in results],
@@ -116,8 +118,6 @@ def run_config(options: E2eRun, cases: list[Case]) -> dict[str, Any]:
 
 
 def _card() -> str:
-    from voxgate.bench.stats import machine
-
     info = machine()
     return f"{info['cpu'] or 'cpu'} ({info['cores']} cores)"
 
