@@ -166,3 +166,12 @@ def test_expectations_name_what_the_call_did_wrong() -> None:
     problems = judge.expectation_problems(case, ["completed"], ["backchannel"])
     assert problems == ["1 of 2 replies (turns dropped: backchannel)", "the barge-in did not cut the first reply"]
     assert judge.expectation_problems(case, ["interrupted", None], []) == ["a reply never ended"]
+
+
+def test_trace_marks_come_from_turn_trace_events_else_from_the_agents_jsonl() -> None:
+    rows = [{"trace_id": "c-1", "marks": {"vad_end": 100.0, "stt_done": 100.9, "llm_first_token": 101.2}},
+            {"trace_id": "c-2", "marks": {"vad_end": 200.0, "stt_done": 200.5}}]  # fmt: skip
+    events = [(0.0, {"type": "turn.trace", "trace_id": "c-2", "marks": {"vad_end": 0.0, "stt_done": 480.0}})]
+    marks = metrics.trace_marks(events, rows)
+    assert marks["c-1"] == pytest.approx({"vad_end": 0.0, "stt_done": 900.0, "llm_first_token": 1200.0})
+    assert marks["c-2"] == {"vad_end": 0.0, "stt_done": 480.0}  # the event (ms from vad_end) wins
