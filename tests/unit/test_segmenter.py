@@ -194,6 +194,21 @@ def _assert_never_cut_inside(text: str, start: int, end: int) -> None:
         assert not [c for c in cuts if start < c < end], (text, sizes)
 
 
+def test_the_second_segment_is_short_enough_to_be_ready_before_the_starter_ends():
+    text = "The weather in Paris today is sunny and warm with a light breeze from the west, and it stays so."
+    texts = _texts(text, (1,))
+    assert texts[0] == "The weather in"
+    assert len(texts[1]) <= 40  # then full width again
+    assert " ".join(texts) == text
+
+
+def test_a_time_stays_with_its_number_however_the_text_arrives():
+    text = "Okay. The train to the coast leaves every day at 5 p.m. from platform two, and at 9 am too."
+    for sizes in ((1,), (2, 3), (len(text),)):
+        joined = [s.raw for s in _segments(text, sizes)]
+        assert not any(r.rstrip().endswith((" 5", " 9")) for r in joined), joined
+
+
 @pytest.mark.parametrize("item", _PROTECTED)
 def test_protected_pattern_is_never_split_in_english(item):
     words = _EN_FILLER.split()

@@ -12,11 +12,15 @@ and returns the rest, `reset()` drops everything (barge-in). Segments come in th
   (, ; : dashes 、，；：) once it is `main_min_width` columns wide; a length cut when it would
   pass `main_max_width` columns (at its last clause mark, else its last word boundary), or
   once it holds `cjk_flush_units` CJK characters (a Latin word counts one) and no punctuation.
+  The segment right after the starter has `second_max_width` instead: the starter lasts about
+  a second, and a full-width second segment (written by the LLM, then synthesised) would leave
+  a silence after it; segments then grow to full width.
 - final: what is left at `flush()`; the only kind that may be shorter than `min_chars`.
 
 Widths are display columns: a CJK character or emoji counts 2, which also tracks speaking
 time (one syllable) better than a count of code points. Defaults: starter 3 words / 6 CJK
-characters, min 3 characters, main 20..60 columns (10..30 CJK characters), CJK length cut
+characters, min 3 characters, main 20..60 columns (10..30 CJK characters; the second segment
+at most 40), CJK length cut
 after 12 characters without punctuation (the 8..12 of the original design, at its top so
 fewer words are cut in half).
 
@@ -53,6 +57,7 @@ class SegmenterConfig:
     min_chars: int = 3
     main_min_width: int = 20
     main_max_width: int = 60
+    second_max_width: int = 40  # the segment after the starter: speakable before the starter's audio runs out
     cjk_flush_units: int = 12
     max_span_chars: int = 300  # an unclosed ` ** or [ stops protecting after this many characters
 
@@ -61,6 +66,8 @@ class SegmenterConfig:
             raise ValueError("segmenter thresholds must be positive")
         if not self.min_chars <= self.main_min_width <= self.main_max_width:
             raise ValueError("need min_chars <= main_min_width <= main_max_width")
+        if self.second_max_width < self.min_chars:
+            raise ValueError("need second_max_width >= min_chars")
         if self.max_span_chars < 2:
             raise ValueError("max_span_chars must be at least 2")
 
@@ -95,6 +102,7 @@ _FREE = "…。！？，、；：—"  # CJK-style marks: a boundary even with n
 _CLOSERS = "\"'”’」』）)]》〉"
 _TRAILING = _CLOSERS + "*_`"
 _TITLE = re.compile(r"(?<![A-Za-z0-9.])(?:(?i:mrs?|ms|dr|prof|sr|jr|st|mt|gen|col|capt|rev|hon)|[A-Z])\.$")
+_CLOCK = re.compile(r"[ap]\.m\.|[ap]m\b", re.I)  # "5 p.m.", "9 am": the time stays with its number
 _ABBREV = re.compile(r"(?<![A-Za-z0-9.])(?:(?:[a-z]\.){2,}|(?:etc|vs|approx|cf|al|inc|ltd|corp|fig|dept|est)\.)$", re.I)
 _LIST_MARKER = re.compile(r"\d{1,3}[.)]|[-*+•]|#{1,6}")
 
@@ -164,6 +172,8 @@ def _scan(text: str, start: int, final: bool, cap: int) -> list[_Cut]:
             end = _skip(text, i, None)
             if end == n and not final:
                 break
+            if not final and text[i - 1 : i].isdigit() and _clock_pending(text, end):
+                break  # "5 p" may still become "5 p.m."
             if end < n and (gap := _classify(text, start, i, end)):
                 cuts.append(_Cut(end, gap))
             i = end
@@ -179,6 +189,14 @@ def _scan(text: str, start: int, final: bool, cap: int) -> list[_Cut]:
                 cuts.append(_Cut(i + 1, _Gap.CHAR))
             i += 1
     return cuts
+
+
+def _clock_pending(text: str, end: int) -> bool:
+    """The text after a number's space could still grow into a clock suffix (a.m., pm)."""
+    tail = text[end : end + 5]
+    return not any(ch.isspace() for ch in tail) and any(
+        form.startswith(tail.lower()) for form in ("a.m.", "p.m.", "am", "pm")
+    )
 
 
 def _classify(text: str, start: int, i: int, end: int) -> _Gap | None:
@@ -212,6 +230,8 @@ def _classify(text: str, start: int, i: int, end: int) -> _Gap | None:
     elif core in ("-", "--", "–"):
         return _Gap.CLAUSE
     if not spaced or _is_ideograph(text[i - 1]) or _is_ideograph(after) or after in _SENTENCE + _CLAUSE:
+        return None
+    if core[-1:].isdigit() and _CLOCK.match(text, end):
         return None
     if _IDEOGRAPH.search(text, start, i):
         return None  # Latin terms inside Chinese text stay whole
@@ -309,6 +329,7 @@ class Segmenter:
 
     def _choose_main(self, cuts: list[_Cut]) -> tuple[int, Trigger] | None:
         cfg, text = self.config, self._text
+        max_width = cfg.second_max_width if self._index == 1 else cfg.main_max_width
         clause = weak = None
         punctuated = False  # the CJK length cut is for text with no punctuation at all
         for cut in cuts:
@@ -317,7 +338,7 @@ class Segmenter:
                 if cut.gap == _Gap.SENTENCE:
                     return cut.pos, "punctuation"
                 width = _width(seg)
-                if width > cfg.main_max_width:
+                if width > max_width:
                     best = clause if clause is not None else weak if weak is not None else cut.pos
                     return best, "length"
                 if cut.gap == _Gap.CLAUSE and width >= cfg.main_min_width:
