@@ -158,3 +158,15 @@ def test_conversation_drops_the_oldest_turns_to_fit_the_context():
     assert [m["content"] for m in sent] == ["Be brief.", "question 4", "answer number 4", "last one"]
     assert len(talk.turns) == 10  # the record itself keeps everything
     assert Conversation(max_chars=5).messages("a long question") == [{"role": "user", "content": "a long question"}]
+
+
+def test_the_history_is_cut_in_steps_so_the_prompt_start_stays_the_same_for_many_turns():
+    talk = Conversation(max_turns=4)
+    firsts = []
+    for i in range(12):
+        sent = talk.messages(f"q{i}")
+        firsts.append(sent[0]["content"])
+        talk.record(f"q{i}", f"a{i}")
+    # past 4 turns the history drops to the newest 2, then grows to 4 again from the same first message
+    assert firsts == ["q0"] * 5 + ["q3"] * 3 + ["q6"] * 3 + ["q9"]
+    assert all(len(talk.messages("x")) <= 2 * 4 + 1 for _ in range(2))
