@@ -102,16 +102,16 @@ class SecondsEngine:
             yield AudioChunk(np.zeros(100, dtype=np.float32), self.sample_rate, i)
 
 
-class RecordingPool:
-    """Runs calls at once, recording the deadline and class each was given."""
+class RecordingPool(EnginePool):
+    """A one-worker pool that records the deadline and priority each call was given."""
 
     def __init__(self) -> None:
+        super().__init__(1)
         self.calls: list[tuple[float, int]] = []
-        self.pool = EnginePool(1)
 
     def submit_at(self, deadline, priority, fn, *args):
         self.calls.append((deadline, priority))
-        return self.pool.submit_at(deadline, priority, fn, *args)
+        return super().submit_at(deadline, priority, fn, *args)
 
 
 def test_stream_deadlines_are_now_for_the_first_chunk_then_when_the_audio_runs_out():

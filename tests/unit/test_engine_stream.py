@@ -3,12 +3,12 @@
 import asyncio
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 from voxgate.serving.stream import EngineStream
+from voxgate.serving.workers import EnginePool
 from voxgate.types import AudioChunk, EngineFailure, SynthesisRequest
 
 REQUEST = SynthesisRequest(text="x", voice="v")
@@ -55,7 +55,7 @@ def _run(coro):
 def test_streams_every_chunk_in_order():
     async def main():
         engine = CountingEngine(5)
-        stream = EngineStream(engine, REQUEST, ThreadPoolExecutor(2))
+        stream = EngineStream(engine, REQUEST, EnginePool(2))
         seqs = []
         while (chunk := await stream.next()) is not None:
             seqs.append(chunk.seq)
@@ -67,7 +67,7 @@ def test_streams_every_chunk_in_order():
 def test_cancel_wastes_at_most_the_chunk_in_flight_and_closes_the_engine():
     async def main():
         engine = CountingEngine(100, delay_s=0.02)
-        stream = EngineStream(engine, REQUEST, ThreadPoolExecutor(2))
+        stream = EngineStream(engine, REQUEST, EnginePool(2))
         await stream.next()
         await stream.next()
         stream.cancel("client_disconnect")
@@ -82,7 +82,7 @@ def test_cancel_wastes_at_most_the_chunk_in_flight_and_closes_the_engine():
 
 def test_engine_exception_becomes_engine_failure():
     async def main():
-        stream = EngineStream(CountingEngine(5, fail_at=1), REQUEST, ThreadPoolExecutor(2))
+        stream = EngineStream(CountingEngine(5, fail_at=1), REQUEST, EnginePool(2))
         await stream.next()
         with pytest.raises(EngineFailure, match="RuntimeError: boom"):
             await stream.next()
@@ -94,13 +94,13 @@ def test_engine_exception_becomes_engine_failure():
 def test_lazy_stream_does_no_work_until_started_and_closes_if_never_started():
     async def main():
         engine = CountingEngine(5)
-        stream = EngineStream(engine, REQUEST, ThreadPoolExecutor(2), start=False)
+        stream = EngineStream(engine, REQUEST, EnginePool(2), start=False)
         await asyncio.sleep(0.05)
         assert engine.produced == 0
         assert (await stream.next()).seq == 0
         idle = CountingEngine(5)
         closed = threading.Event()
-        EngineStream(idle, REQUEST, ThreadPoolExecutor(1), on_closed=closed.set, start=False).cancel("gone")
+        EngineStream(idle, REQUEST, EnginePool(1), on_closed=closed.set, start=False).cancel("gone")
         await asyncio.sleep(0.05)
         return idle, closed
 

@@ -7,7 +7,6 @@ import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ from voxgate.bridge.segmenter import Segment
 from voxgate.config import Settings
 from voxgate.engines.registry import create_engine
 from voxgate.serving.stream import EngineStream
+from voxgate.serving.workers import EnginePool
 from voxgate.types import AudioChunk, SynthesisRequest
 
 REPLY = "Sure, here it is. The first sentence is short. Then a second one follows it. And the last one ends."
@@ -35,7 +35,7 @@ class Synth:
 
     def __init__(self) -> None:
         self.engine = create_engine("tone", Settings(engine="tone", tone_delay_ms=2))
-        self.executor = ThreadPoolExecutor(8)
+        self.executor = EnginePool(8)
         self.voice = self.engine.voices()[0].id
         self.streams: list[EngineStream] = []
         self.log: list[tuple[str, str]] = []

@@ -1,7 +1,7 @@
 """Driving a synchronous engine stream from asyncio, and streaming it to an HTTP client.
 
 `EngineStream` keeps at most one chunk in flight on a worker thread: generation of chunk
-n+1 overlaps the sending of chunk n, and a cancel wastes at most the chunk in flight. On an
+n+1 overlaps the sending of chunk n, and a cancel wastes at most the chunk in flight. On the
 `EnginePool` each call carries its deadline: the first chunk is due at once, a later one when
 the audio produced so far would run out if playback started with the first chunk. A pool
 with `batch_s` (set for engines that compute in the calling thread) lets one call make
@@ -18,7 +18,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import anyio
@@ -27,6 +26,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from voxgate.engines.base import Engine
+from voxgate.serving.workers import EnginePool
 from voxgate.types import AudioChunk, CancelToken, EngineFailure, SynthesisRequest, Timing, VoxgateError
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def join_chunks(parts: list[AudioChunk]) -> AudioChunk:
 
 
 class EngineStream:
-    """An engine's chunk iterator run on `executor`, one chunk ahead of the consumer.
+    """An engine's chunk iterator run on `pool`, one call ahead of the consumer.
 
     Work starts at construction, or with `start=False` at the first `start()`/`next()`, so
     a caller can put cached audio on the wire before the engine competes for the CPU.
@@ -62,7 +62,7 @@ class EngineStream:
         self,
         engine: Engine,
         request: SynthesisRequest,
-        executor: Executor,
+        pool: EnginePool,
         on_closed: Callable[[], None] | None = None,
         start: bool = True,
     ) -> None:
@@ -73,7 +73,7 @@ class EngineStream:
         self._audio_s = 0.0  # seconds of audio produced so far
         self._on_closed = on_closed
         self._closing = False
-        self._executor = executor
+        self._pool = pool
         self._loop = asyncio.get_running_loop()
         self._iterator = engine.stream(request, self.token)
         self._finished = False
@@ -88,25 +88,22 @@ class EngineStream:
             self._pending = self._submit(self._next_in_worker)
 
     def _submit(self, fn: Callable[[], object]) -> asyncio.Future:  # type: ignore[type-arg]
-        """Run `fn` on the executor, with this stream's deadline where the executor takes one."""
-        submit_at = getattr(self._executor, "submit_at", None)
-        if submit_at is None:
-            return self._loop.run_in_executor(self._executor, fn)
+        """Run `fn` on the pool at this stream's priority and deadline (a close is due now)."""
         now = time.perf_counter()
-        deadline = now if self._t_first is None else self._t_first + self._audio_s
-        return asyncio.wrap_future(submit_at(min(now, deadline) if self._closing else deadline, self.priority, fn))
+        deadline = now if self._t_first is None or self._closing else self._t_first + self._audio_s
+        return asyncio.wrap_future(self._pool.submit_at(deadline, self.priority, fn))
 
     def _next_in_worker(self) -> AudioChunk | None:
         if self._deferred is not None:
             error, self._deferred = self._deferred, None
             raise error
         chunk = self._produce()
-        batch_s = getattr(self._executor, "batch_s", 0.0)
+        batch_s = self._pool.batch_s
         if chunk is None or self.generated == 1 or batch_s <= 0:
             return chunk
         parts, audio, started = [chunk], len(chunk.samples) / chunk.sample_rate, time.perf_counter()
         while audio < batch_s and time.perf_counter() - started < BATCH_BUDGET_S and not self.token.cancelled:
-            if self._executor.more_urgent_waiting(self.priority, self._t_first + self._audio_s):  # type: ignore[attr-defined]
+            if self._pool.more_urgent_waiting(self.priority, self._t_first + self._audio_s):
                 break
             try:
                 more = self._produce()
