@@ -132,8 +132,5 @@ def cmd_stability(args: argparse.Namespace) -> int:
     rows, text = stability.table(gates, summaries)
     result = {"engine": engine.name, "mode": args.mode, "runs": args.runs, "gates": rows,
               "run_dirs": [s["run_dir"] for s in summaries]}  # fmt: skip
-    report.write_json(root / "stability.json", result)
-    (root / "stability.md").write_text(f"# regress stability: {engine.name}, {args.mode} x {args.runs}\n\n{text}\n")
-    print(text)
-    print(f"wrote {root}/stability.md")
+    report.write_stability(root, f"regress stability: {engine.name}, {args.mode} x {args.runs}", text, result)
     return 0

@@ -108,6 +108,15 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=_jsonable) + "\n")
 
 
+def write_stability(root: Path, title: str, table: str, result: dict[str, Any]) -> None:
+    """A stability run's `stability.json` and `stability.md` (the table, also printed)."""
+    root.mkdir(parents=True, exist_ok=True)
+    write_json(root / "stability.json", result)
+    (root / "stability.md").write_text(f"# {title}\n\n{table}\n")
+    print(table)
+    print(f"wrote {root}/stability.md")
+
+
 def _jsonable(value: Any) -> Any:
     if hasattr(value, "__dataclass_fields__"):
         return asdict(value)

@@ -108,7 +108,7 @@ def cmd_e2e_stability(args: argparse.Namespace) -> int:
     from voxgate.regress.e2e import stability
     from voxgate.regress.e2e.runner import GATES_FILE, run_e2e
     from voxgate.regress.gates import read_config
-    from voxgate.regress.report import write_json
+    from voxgate.regress.report import write_stability
     from voxgate.types import InvalidRequest
 
     if args.runs < 2:
@@ -119,10 +119,7 @@ def cmd_e2e_stability(args: argparse.Namespace) -> int:
         _progress(f"stability run {i + 1}/{args.runs}")
         summaries.append(run_e2e(replace(_options(args), root=root, record=False, force=True), _progress)[0])
     rows, text = stability.table(read_config(args.gates or GATES_FILE), summaries)
-    write_json(root / "stability.json", {"tier": args.tier, "runs": args.runs, "gates": rows,
-                                         "run_dirs": [s["run_dir"] for s in summaries]})  # fmt: skip
-    (root / "stability.md").write_text(f"# regress e2e stability: {args.tier} x {args.runs}\n\n{text}\n")
-    print(text)
-    print(f"wrote {root}/stability.md")
+    result = {"tier": args.tier, "runs": args.runs, "gates": rows, "run_dirs": [s["run_dir"] for s in summaries]}
+    write_stability(root, f"regress e2e stability: {args.tier} x {args.runs}", text, result)
     print(json.dumps({"verdicts": [s["verdict"] for s in summaries]}))
     return 0
