@@ -41,6 +41,7 @@ def _logging(level: str) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from voxgate.runtime import loop_name
     from voxgate.serving.app import create_app
 
     settings = _settings(args, warmup=False if args.no_warmup else None)
@@ -51,7 +52,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         fatal.append(reason)
         server.should_exit = True
 
-    app = create_app(settings, on_fatal=on_fatal)
+    app = create_app(settings, on_fatal=on_fatal, settle_heap_when_ready=settings.gc_freeze)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:
@@ -59,7 +60,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             if self.started and self.servers:
                 host, port = self.servers[0].sockets[0].getsockname()[:2]
                 print(
-                    f"voxgate {__version__} serving on http://{host}:{port}  (engine={settings.engine}; "
+                    f"voxgate {__version__} serving on http://{host}:{port}  (engine={settings.engine}, "
+                    f"loop={loop_name()}; "
                     f"warming up, GET /healthz says when ready; Ctrl-C stops)",
                     flush=True,
                 )

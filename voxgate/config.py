@@ -57,6 +57,10 @@ class Settings(BaseSettings):
         500, ge=0, le=10000,
         description="Audio one CPU-engine call may make in a go after a stream's first chunk; 0 = a chunk a call.",
     )  # fmt: skip
+    engine_hold_ms: int = Field(
+        20, ge=0, le=1000,
+        description="CPU engines: while streams keep starting (within this many ms), ones with audio in hand wait.",
+    )  # fmt: skip
 
     # streaming
     send_timeout_s: float = Field(30.0, gt=0, description="Drop a client that has not read for this long.")
@@ -68,6 +72,10 @@ class Settings(BaseSettings):
     voice_aliases: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: list(OPENAI_VOICES),
         description="Voice names (e.g. OpenAI's) accepted as the default voice.",
+    )
+    gc_freeze: bool = Field(
+        True,
+        description="voxgate serve: once ready, keep start-up's objects out of garbage collections (~100 -> ~5 ms).",
     )
     timings_kept: int = Field(1000, ge=0, description="Recent request timings kept for GET /debug/timings.")
 

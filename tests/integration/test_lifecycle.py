@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -17,6 +19,17 @@ def test_not_ready_until_the_engine_is_loaded_and_warm():
         assert early.status_code == 503 and early.json()["error"]["code"] == "not_ready"
         assert wait_for(lambda: httpx.get(f"{server.url}/healthz").status_code == 200, timeout=60)
         assert httpx.post(f"{server.url}/tts/stream", json={"text": "Now."}).status_code == 200
+
+
+def test_serve_runs_on_uvloop_and_settles_its_heap_once_ready():
+    with ServerProcess("tone") as server:
+        assert wait_for(lambda: any("heap settled" in line for line in server.log), timeout=10)
+        log = "\n".join(server.log)
+        assert "loop=uvloop" in log
+    with ServerProcess("tone", env={"GC_FREEZE": "false"}) as server:
+        assert httpx.get(f"{server.url}/healthz").status_code == 200
+        time.sleep(1.0)  # the heap is settled just after /healthz turns ready, when it is
+        assert not any("heap settled" in line for line in server.log)
 
 
 def test_failed_start_up_is_reported_and_the_server_exits():

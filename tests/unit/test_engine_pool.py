@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from voxgate.serving.stream import EngineStream
-from voxgate.serving.workers import EnginePool
+from voxgate.serving.workers import HOLD_SLACK_S, EnginePool
 from voxgate.types import AudioChunk, EngineFailure, SynthesisRequest
 
 REQUEST = SynthesisRequest(text="x", voice="v")
@@ -91,6 +91,76 @@ def test_keyword_arguments_and_run_in_executor_work():
     pool.shutdown()
 
 
+def _open_stream(pool: EnginePool, ran: list[str], name: str):
+    return pool.submit_at(time.perf_counter(), 0, ran.append, name, opens_stream=True)
+
+
+def test_while_streams_keep_starting_calls_with_audio_in_hand_wait_for_them():
+    pool = EnginePool(1)
+    pool.hold_s = 1.0
+    release = _blocked(pool)
+    ran: list[str] = []
+    _open_stream(pool, ran, "first")
+    ahead = pool.submit_at(time.perf_counter() + 60, 0, ran.append, "ahead")  # a minute of audio in hand
+    release.set()
+    time.sleep(0.1)
+    assert ran == ["first"]  # "ahead" is held: a stream started 0.1 s ago
+    _open_stream(pool, ran, "new").result(5)  # another stream's first call goes first
+    assert ran == ["first", "new"]
+    t_new = time.perf_counter()
+    ahead.result(5)  # once no stream has started for hold_s
+    assert ran == ["first", "new", "ahead"]
+    assert time.perf_counter() - t_new >= 0.9
+    pool.shutdown()
+
+
+def test_a_held_call_still_starts_before_its_deadline():
+    pool = EnginePool(1)
+    pool.hold_s = 30.0
+    _open_stream(pool, [], "a stream started: hold for 30 s").result(5)
+    t0 = time.perf_counter()
+    started = pool.submit_at(t0 + 0.3, 0, time.perf_counter).result(5)
+    assert started - t0 >= 0.3 - HOLD_SLACK_S - 0.01  # it left the time to new streams...
+    assert started - t0 < 5.0  # ...until its deadline came near, not for the whole hold
+    pool.shutdown()
+
+
+def test_a_slow_engine_s_held_calls_start_earlier_by_twice_its_longest_call():
+    pool = EnginePool(1)
+    pool.hold_s = 30.0
+    pool.submit(time.sleep, 1.0).result(5)  # calls take up to a second
+    _open_stream(pool, [], "a stream started").result(5)
+    t0 = time.perf_counter()
+    started = pool.submit_at(t0 + 3.0, 0, time.perf_counter).result(5)
+    assert 0.5 < started - t0 < 2.5  # held, but started ~2 s (not 60 ms) before it is needed
+    pool.shutdown()
+
+
+def test_without_new_streams_calls_run_at_once_however_far_their_deadline():
+    pool = EnginePool(1)
+    pool.hold_s = 30.0
+    pool.submit(lambda: None).result(5)  # a plain call due now (a stream closing, say) opens nothing
+    t0 = time.perf_counter()
+    assert pool.submit_at(t0 + 60, 0, time.perf_counter).result(5) - t0 < 5.0
+    pool.shutdown()
+
+
+def test_a_due_call_passes_a_held_call_of_higher_priority_and_shutdown_runs_held_calls():
+    pool = EnginePool(1)
+    pool.hold_s = 30.0
+    release = _blocked(pool)
+    ran: list[str] = []
+    held = pool.submit_at(time.perf_counter() + 60, 50, ran.append, "live turn, far ahead")
+    _open_stream(pool, ran, "new stream")
+    release.set()
+    deadline = time.monotonic() + 5
+    while not ran and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ran == ["new stream"]
+    pool.shutdown()  # drains what is held, at once
+    assert held.done() and ran == ["new stream", "live turn, far ahead"]
+
+
 class SecondsEngine:
     """Each chunk is one second of (silent) audio."""
 
@@ -103,20 +173,23 @@ class SecondsEngine:
 
 
 class RecordingPool(EnginePool):
-    """A one-worker pool that records the deadline and priority each call was given."""
+    """A one-worker pool that records the deadline, priority and opening flag of each call."""
 
     def __init__(self) -> None:
         super().__init__(1)
         self.calls: list[tuple[float, int]] = []
+        self.opens: list[bool] = []
 
-    def submit_at(self, deadline, priority, fn, *args):
+    def submit_at(self, deadline, priority, fn, *args, opens_stream=False):
         self.calls.append((deadline, priority))
-        return super().submit_at(deadline, priority, fn, *args)
+        self.opens.append(opens_stream)
+        return super().submit_at(deadline, priority, fn, *args, opens_stream=opens_stream)
 
 
 def test_stream_deadlines_are_now_for_the_first_chunk_then_when_the_audio_runs_out():
+    pool = RecordingPool()
+
     async def main() -> tuple[list[tuple[float, int]], float, float, float]:
-        pool = RecordingPool()
         t0 = time.perf_counter()
         stream = EngineStream(SecondsEngine(), SynthesisRequest(text="x", voice="v", priority=50), pool)
         await stream.next()
@@ -126,6 +199,7 @@ def test_stream_deadlines_are_now_for_the_first_chunk_then_when_the_audio_runs_o
         return pool.calls, t0, t_first, t1
 
     calls, t0, t_first, t1 = asyncio.run(main())
+    assert pool.opens[:3] == [True, False, False]  # only the first call opens the stream (what a hold waits for)
     (d0, _), (d1, _), (d2, _) = calls[:3]
     assert t0 <= d0 <= t1  # the first chunk is due at once
     assert d1 == pytest.approx(t_first + 1.0)  # the second when the first second of audio has played

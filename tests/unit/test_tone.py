@@ -3,7 +3,7 @@ import hashlib
 import numpy as np
 
 from voxgate.engines.base import collect
-from voxgate.engines.tone import SAMPLE_RATE, ToneEngine, unit_samples
+from voxgate.engines.tone import SAMPLE_RATE, ToneEngine, unit_samples, unit_tone
 from voxgate.types import CancelToken, SynthesisRequest
 
 
@@ -57,3 +57,10 @@ def test_delay_wakes_immediately_on_cancel():
     t0 = time.perf_counter()
     assert list(engine.stream(_request("a b"), token)) == []
     assert time.perf_counter() - t0 < 2
+
+
+def test_unit_tones_are_cached_read_only_and_chunks_are_fresh_arrays():
+    tone = unit_tone("cached", 480, 1.0)
+    assert unit_tone("cached", 480, 1.0) is tone and not tone.flags.writeable
+    chunk = next(ToneEngine().stream(_request("cached"), CancelToken()))
+    assert chunk.samples.flags.writeable and not np.shares_memory(chunk.samples, unit_tone("cached", 2880, 1.0))

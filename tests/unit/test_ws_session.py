@@ -54,6 +54,21 @@ def test_segments_cut_at_sentence_ends_and_at_the_pending_limit():
     assert s.take_segment().unit_start == 5 and s.next_unit == 6
 
 
+def test_speakable_says_when_a_segment_waits_for_the_engine():
+    s = _session()
+    s.delta(_delta("Hello ", 0))
+    assert not s.speakable  # text gathered: the gateway wakes nobody
+    s.delta(_delta("there. ", 1))
+    assert s.speakable
+    segment = s.take_segment()
+    assert not s.speakable
+    s.delta(_delta("More ", 2))
+    s.flush()
+    assert s.speakable  # queued behind the one in flight
+    s.segment_done(segment)
+    assert s.take_segment().text == "More"
+
+
 def test_a_number_with_a_point_does_not_end_a_sentence():
     s = _session()
     s.delta(_delta("Pi is 3.14 and ", 0))

@@ -13,7 +13,6 @@ plain functions), and the run that ties them together. `load_client` does the so
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
 import random
 import re
@@ -27,6 +26,7 @@ from typing import Any
 
 from voxgate.bench.load_stats import markdown_table, summarize
 from voxgate.bench.stats import machine, write_report
+from voxgate.runtime import loop_name, run, settle_heap
 from voxgate.text import split_units
 from voxgate.types import InvalidRequest
 
@@ -247,13 +247,15 @@ def execute(params: LoadParams) -> dict[str, Any]:
     before = machine()
     started = datetime.now(UTC)
     wall = time.perf_counter()
-    ledgers = asyncio.run(run_sessions(params, text))
+    settle_heap()  # the client's own collections must not pause its clock
+    ledgers = run(run_sessions(params, text))
     results = summarize(ledgers, len(text.deltas) / params.cps)
     return {
         "bench": "load",
         "date": started.isoformat(timespec="seconds"),
         "machine": before,
         "load_avg_1m_after": machine()["load_avg_1m"],
+        "event_loop": loop_name(),
         "parameters": {k: v for k, v in asdict(params).items() if k != "api_key"},
         "text": {
             "units": text.available,

@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from voxgate import __version__
 from voxgate.config import Settings
 from voxgate.engines.base import Engine
+from voxgate.runtime import settle_heap
 from voxgate.serving.agent_http import AgentCalls, agent_calls
 from voxgate.serving.agent_http import router as agent_router
 from voxgate.serving.bridge import router as bridge_router
@@ -46,17 +47,23 @@ _KNOWN_PATHS = ("/tts/stream", "/v1/audio/speech", "/v1/voices", "/healthz", "/m
 
 
 def create_app(
-    settings: Settings, engine: Engine | None = None, on_fatal: Callable[[str], None] | None = None
+    settings: Settings,
+    engine: Engine | None = None,
+    on_fatal: Callable[[str], None] | None = None,
+    settle_heap_when_ready: bool = False,
 ) -> FastAPI:
     """Build the app. The engine (created from settings unless given) loads and warms up
     in the background; /healthz turns ready when that is done. If start-up fails,
-    /healthz says why and `on_fatal(reason)` is called (the CLI then exits)."""
+    /healthz says why and `on_fatal(reason)` is called (the CLI then exits). A process
+    that is all server (`voxgate serve`) settles its heap once ready (`runtime.settle_heap`)."""
     state = ServerState(settings, engine=engine)
 
     async def load() -> None:
         await asyncio.get_running_loop().run_in_executor(None, state.start)
         if state.startup_error and on_fatal is not None:
             on_fatal(state.startup_error)
+        elif settle_heap_when_ready:
+            settle_heap()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

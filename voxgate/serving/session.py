@@ -156,6 +156,11 @@ class Session:
         self._inflight = self._queue.popleft()
         return self._inflight
 
+    @property
+    def speakable(self) -> bool:
+        """A segment waits for the engine."""
+        return bool(self._queue)
+
     def current(self, segment: Segment) -> bool:
         """False once the segment's utterance was cancelled (its output is discarded)."""
         return self._inflight is segment

@@ -74,8 +74,9 @@ class ServerState:
             if self.engine is None:
                 self.engine = create_engine(self.settings.engine, self.settings)
             self.engine_pool.workers = self._engine_workers(self.engine)
-            if getattr(self.engine, "parallel_calls", None):  # calls compute: joining chunks saves hops
+            if getattr(self.engine, "parallel_calls", None):  # calls compute: fewer hops, new streams first
                 self.engine_pool.batch_s = self.settings.engine_batch_ms / 1000
+                self.engine_pool.hold_s = self.settings.engine_hold_ms / 1000
             voices = [v.id for v in self.engine.voices()]
             if self.settings.default_voice and self.settings.default_voice not in voices:
                 raise UnknownVoice(f"VOXGATE_DEFAULT_VOICE={self.settings.default_voice!r} is not one of {voices}")

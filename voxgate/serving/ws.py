@@ -148,6 +148,8 @@ class Gateway:
         now = time.perf_counter()
         if isinstance(message, TextDelta):
             session.delta(message, now)
+            if not session.speakable:
+                return live  # text gathered: nothing new for the synthesiser or the writer
         elif isinstance(message, Bare) and message.type == "text.flush":
             session.flush(now)
         elif isinstance(message, Bare) and message.type == "text.end":
