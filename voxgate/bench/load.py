@@ -255,7 +255,7 @@ def execute(params: LoadParams) -> dict[str, Any]:
         "date": started.isoformat(timespec="seconds"),
         "machine": before,
         "load_avg_1m_after": machine()["load_avg_1m"],
-        "event_loop": loop_name(),
+        "client_event_loop": loop_name(),  # the server reports its own at start-up
         "parameters": {k: v for k, v in asdict(params).items() if k != "api_key"},
         "text": {
             "units": text.available,
