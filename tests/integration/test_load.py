@@ -67,6 +67,22 @@ def test_mixed_faults_lose_nothing_and_every_resume_succeeds(fault_gateway):
     assert r["sessions_ok"] == 4, r["failures"]
 
 
+def test_many_utterances_per_socket_with_resumes_and_cancels_at_their_edges(gateway):
+    """`--utterance-units 3`: an utterance ends every 3 words, so disconnects and cancels land
+    on and around its edges; every unit is still accounted for and every resume succeeds."""
+    params = LoadParams(url=ws_url(gateway), scenario="mixed", concurrency=6, cps=10, duration_s=4,
+                        disconnect=0.5, cancel=0.5, backpressure=0.0, reconnect_delay_s=0.1,
+                        utterance_units=3, seed=1)  # fmt: skip
+    r = execute(params)["results"]
+    u = r["units"]
+    assert u["sent"] == 6 * 40 and u["missing"] == 0 and u["duplicate"] == 0 and u["mismatched"] == 0, r
+    assert u["received"] + u["cancelled"] == u["sent"]
+    assert r["sessions_ok"] == 6, r["failures"]
+    assert r["errors"]["other"] == {}, r["errors"]
+    assert r["resumes"]["attempted"] >= 1 and r["resumes"]["succeeded"] == r["resumes"]["attempted"]
+    assert r["ttfa_ms"]["all"]["n"] >= 6 * 13  # 40 words: 14 utterances a session (more after a cancel)
+
+
 def test_command_reports_a_short_text_and_writes_json(gateway, tmp_path):
     text = tmp_path / "short.txt"
     text.write_text("Just four words here.\n")

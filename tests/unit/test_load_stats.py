@@ -61,10 +61,12 @@ def test_mixed_defaults_to_ten_percent_each_unless_given():
     p = parse("--scenario", "mixed", "--cancel-percent", "0.4")
     assert (p.disconnect, p.cancel, p.backpressure) == (0.1, 0.4, 0.1)
     assert (p.backpressure_pause_s, p.reconnect_delay_s, p.units) == (10.0, 1.0, "words")
+    assert p.utterance_units == 0  # the whole text is one utterance
 
 
 @pytest.mark.parametrize("flags", [("--disconnect-percent", "10"), ("--cancel-percent", "-0.1"),
-                                   ("--concurrency", "0"), ("--url", "http://x/v1/tts/ws")])  # fmt: skip
+                                   ("--concurrency", "0"), ("--url", "http://x/v1/tts/ws"),
+                                   ("--utterance-units", "-1")])  # fmt: skip
 def test_impossible_parameters_are_refused(flags):
     with pytest.raises(InvalidRequest):
         parse("--scenario", "mixed", *flags)

@@ -78,6 +78,7 @@ class LoadParams:
     backpressure: float = 0.0
     backpressure_pause_s: float = 10.0
     reconnect_delay_s: float = 1.0
+    utterance_units: int = 0  # end an utterance every this many units (0: the whole text is one)
     seed: int = 0
     api_key: str | None = None
     voice: str | None = None
@@ -100,6 +101,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--duration", type=float, default=60.0, help="seconds of text sending per session (default 60)")
     add("--text-file", default=None, help="UTF-8 text to send (default: a built-in English text)")
     add("--units", default="words", choices=["words", "chars"], help="unit of text (default words)")
+    add(
+        "--utterance-units", type=int, default=0,
+        help="end an utterance every N units and go on with the next on the same socket (default 0: one utterance)",
+    )  # fmt: skip
     for kind in ("disconnect", "cancel", "backpressure"):
         add(
             f"--{kind}-percent", type=float, default=None, help=f"fraction of sessions with a {kind} (0..1; mixed: 0.1)"
@@ -121,7 +126,8 @@ def params_from_args(args: argparse.Namespace) -> LoadParams:
         faults = {k: MIXED_DEFAULT_PERCENT if v is None else v for k, v in given.items()}
     params = LoadParams(
         url=args.url, scenario=args.scenario, concurrency=args.concurrency, cps=args.cps, duration_s=args.duration,
-        units=args.units, backpressure_pause_s=args.backpressure_pause_s, reconnect_delay_s=args.reconnect_delay_s,
+        units=args.units, utterance_units=args.utterance_units, backpressure_pause_s=args.backpressure_pause_s,
+        reconnect_delay_s=args.reconnect_delay_s,
         seed=args.seed, api_key=args.api_key, voice=args.voice, text_file=args.text_file,
         output_json=args.output_json, **faults,
     )  # fmt: skip
@@ -135,6 +141,8 @@ def check_params(params: LoadParams) -> None:
         value = getattr(params, name)
         if not 0.0 <= value <= 1.0:
             raise InvalidRequest(f"--{name}-percent is a fraction of sessions in 0..1, got {value}")
+    if params.utterance_units < 0:
+        raise InvalidRequest("--utterance-units must not be negative (0: the whole text is one utterance)")
     if params.concurrency < 1:
         raise InvalidRequest("--concurrency must be at least 1")
     if params.cps <= 0 or params.duration_s <= 0:

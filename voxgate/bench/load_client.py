@@ -62,6 +62,7 @@ class SessionClient:
         self.link: Link | None = None
         self._changed = asyncio.Event()  # set by the reader after every message
         self._end_sent = self._end_maybe_received = False
+        self._ended_at = 0  # the unit index at which the last utterance but the final one was ended
         self._recoveries = 0
 
     async def run(self) -> None:
@@ -99,7 +100,11 @@ class SessionClient:
         events = self.faults.events()
         while True:
             try:
-                if self.cursor < len(self.deltas):
+                if self._at_boundary():
+                    await self._end_utterance()  # then the next utterance, on the same socket
+                    self._ended_at, self._end_sent, self._end_maybe_received = self.cursor, False, False
+                    self.ledger.utterance_opened(self.cursor)
+                elif self.cursor < len(self.deltas):
                     await self._next_delta(events)
                 elif not self._end_sent:
                     await self._end_utterance()
@@ -114,8 +119,18 @@ class SessionClient:
                     raise SessionFailed("too_many_disconnects") from None
                 self._note_unexpected_loss()
                 await self._recover()
-                self._end_maybe_received = self._end_sent and self.cursor == len(self.deltas)
+                self._end_maybe_received = self._end_sent and (self.cursor == len(self.deltas) or self._at_boundary())
                 self._end_sent = False
+
+    def _at_boundary(self) -> bool:
+        """`--utterance-units`: the cursor is where an utterance ends and another begins (not yet done)."""
+        every = self.params.utterance_units
+        return (
+            bool(every)
+            and 0 < self.cursor < len(self.deltas)
+            and self.cursor % every == 0
+            and (self._ended_at != self.cursor)
+        )
 
     async def _next_delta(self, events: list[tuple[float, str]]) -> None:
         """The delta at the cursor, on its time (a resend goes at once), after any fault now due."""

@@ -124,6 +124,10 @@ class SessionLedger:
             self.mismatch(f"utterance {utt} ended {status!r}, expected {expected!r}")
         self.utterance_status[utt] = (status, unit_end)
 
+    def utterance_opened(self, first_unit: int) -> None:
+        """The previous utterance ended (`utterance.done` came); the next starts at `first_unit`."""
+        self.utterance_first.append(first_unit)
+
     def cancel_sent(self, next_unit: int) -> None:
         """`cancel` is going out: the current utterance ends, the next starts at `next_unit`."""
         self.cancel_requested.add(self.current_utterance)
