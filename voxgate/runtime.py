@@ -37,11 +37,11 @@ def loop_name() -> str:
 
 def run(main: Coroutine[Any, Any, T]) -> T:
     """`asyncio.run` on uvloop where installed."""
-    if loop_name() == "uvloop":
+    try:
         import uvloop
-
-        return uvloop.run(main)
-    return asyncio.run(main)
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 def settle_heap() -> int:

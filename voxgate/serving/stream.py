@@ -91,7 +91,7 @@ class EngineStream:
         """Run `fn` on the pool at this stream's priority and deadline (a close is due now)."""
         now = time.perf_counter()
         opens = self._t_first is None and not self._closing
-        deadline = now if opens or self._closing else self._t_first + self._audio_s
+        deadline = now if self._t_first is None or self._closing else self._t_first + self._audio_s
         return asyncio.wrap_future(self._pool.submit_at(deadline, self.priority, fn, opens_stream=opens))
 
     def _next_in_worker(self) -> AudioChunk | None:
