@@ -247,3 +247,60 @@ class Busy(VoxgateError):
 
     code = "busy"
     status = 503
+
+
+class InvalidAudio(VoxgateError):
+    """Reference audio that cannot be decoded, or whose rate, length or size is out of bounds."""
+
+    code = "invalid_audio"
+    status = 400
+
+
+class InvalidSdp(VoxgateError):
+    """A WebRTC offer that is not a usable session description."""
+
+    code = "invalid_sdp"
+    status = 400
+
+
+class Forbidden(VoxgateError):
+    """An authenticated request for something that is not the client's (another key's session
+    or voice, an admin endpoint), or from a browser origin the server does not allow."""
+
+    code = "forbidden"
+    status = 403
+
+
+class VoiceExists(VoxgateError):
+    """A voice id already taken by another client."""
+
+    code = "voice_exists"
+    status = 409
+
+
+class TooManyVoices(VoxgateError):
+    """The client keeps `max_voices_per_client` cloned voices already."""
+
+    code = "too_many_voices"
+    status = 429
+
+
+class TooManyCalls(VoxgateError):
+    """The client has `agent_max_calls_per_client` voice-agent calls open."""
+
+    code = "too_many_calls"
+    status = 429
+
+
+class TooManySessions(VoxgateError):
+    """The client has `max_sessions_per_client` WebSocket sessions open."""
+
+    code = "too_many_sessions"
+    status = 429
+
+
+class RateLimited(VoxgateError):
+    """The client sends messages faster than the server takes them."""
+
+    code = "rate_limited"
+    status = 429
