@@ -5,6 +5,11 @@ as the caller iterates, so a caller that stops iterating (or sets the `CancelTok
 the engine between chunks. Non-streaming synthesis is `collect()` of that same stream.
 Engines are synchronous and thread-safe for concurrent streams; asyncio lives in serving/.
 
+No engine call gets more than `max_piece_chars` characters: `stream_pieces` (what
+`EngineStream` and `collect` call) speaks longer text piece by piece (`voxgate.text.split_pieces`)
+as one stream, so an engine's memory and the time one call holds the CPU stay bounded
+whatever a client sends.
+
 An engine that computes in the calling thread may declare `parallel_calls` (an int): how
 many stream calls can usefully run at once. The server then runs engine calls on that many
 threads, most urgent first (`voxgate.serving.workers`), instead of one thread per stream.
@@ -12,11 +17,15 @@ threads, most urgent first (`voxgate.serving.workers`), instead of one thread pe
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from voxgate.config import Settings
+from voxgate.text import Piece, Unit, split_pieces, split_units
 from voxgate.types import (
     AudioChunk,
     CancelToken,
@@ -28,6 +37,7 @@ from voxgate.types import (
 )
 
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
+DEFAULT_MAX_PIECE_CHARS: int = Settings.model_fields["max_piece_chars"].default
 
 
 @runtime_checkable
@@ -63,12 +73,17 @@ class VoiceCloner(Protocol):
     def remove_voice(self, voice_id: str) -> None: ...
 
 
-def collect(engine: Engine, request: SynthesisRequest, cancel: CancelToken | None = None) -> AudioChunk:
+def collect(
+    engine: Engine,
+    request: SynthesisRequest,
+    cancel: CancelToken | None = None,
+    max_piece_chars: int = DEFAULT_MAX_PIECE_CHARS,
+) -> AudioChunk:
     """Non-streaming synthesis: the concatenated stream as a single chunk."""
     token = cancel or CancelToken()
     parts: list[np.ndarray] = []
     t_ready = 0.0
-    for chunk in engine.stream(request, token):
+    for chunk in stream_pieces(engine, request, token, max_piece_chars):
         parts.append(chunk.samples)
         t_ready = chunk.t_ready
     samples = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
@@ -87,3 +102,66 @@ def check_request(engine: Engine, request: SynthesisRequest) -> VoiceInfo:
     if not MIN_SPEED <= request.speed <= MAX_SPEED:
         raise InvalidRequest(f"speed must be between {MIN_SPEED} and {MAX_SPEED}, got {request.speed}")
     return info
+
+
+def stream_pieces(
+    engine: Engine, request: SynthesisRequest, cancel: CancelToken, max_piece_chars: int = DEFAULT_MAX_PIECE_CHARS
+) -> Iterator[AudioChunk]:
+    """`engine.stream(request, cancel)`, with text longer than `max_piece_chars` spoken piece
+    by piece: one engine call per piece, each started once the one before has ended, so at
+    most one piece's work is in memory. The chunks form one stream (`seq` counts on, unit
+    ranges are the request's); closing it or setting `cancel` stops the piece in progress
+    and starts no other. Text that fits goes to the engine as is."""
+    if len(request.text) <= max_piece_chars:
+        return engine.stream(request, cancel)
+    return _piece_by_piece(engine, request, cancel, split_pieces(request.text, max_piece_chars))
+
+
+def _piece_by_piece(
+    engine: Engine, request: SynthesisRequest, cancel: CancelToken, pieces: list[Piece]
+) -> Iterator[AudioChunk]:
+    units = _UnitMap(request.text)
+    seq = 0
+    for piece in pieces:
+        if cancel.cancelled:
+            return
+        chunks = engine.stream(replace(request, text=piece.text), cancel)
+        local = split_units(piece.text)
+        try:
+            for chunk in chunks:
+                yield units.remap(chunk, piece, local, seq)
+                seq += 1
+        finally:
+            chunks.close()  # type: ignore[attr-defined]  # a close mid-piece runs the engine's cleanup now
+
+
+class _UnitMap:
+    """Turns a piece's unit indices into the whole text's. They differ by more than an offset
+    where a cut falls inside a unit (a long run cut between clusters): both halves belong to
+    that unit, and a piece ending in its first half has not finished it."""
+
+    def __init__(self, text: str) -> None:
+        units = split_units(text)
+        self._starts = [u.start for u in units]
+        self._ends = [u.end for u in units]
+
+    def remap(self, chunk: AudioChunk, piece: Piece, local: list[Unit], seq: int) -> AudioChunk:
+        """`chunk` of `piece` (whose units are `local`) as chunk `seq` of the whole text."""
+        return replace(
+            chunk,
+            seq=seq,
+            unit_start=None if chunk.unit_start is None else self._start(piece, local, chunk.unit_start),
+            unit_end=None if chunk.unit_end is None else self._end(piece, local, chunk.unit_end),
+        )
+
+    def _start(self, piece: Piece, local: list[Unit], index: int) -> int:
+        """The text's unit holding the piece's unit `index`."""
+        if index >= len(local):
+            return self._end(piece, local, len(local))
+        return bisect.bisect_right(self._starts, piece.start + local[index].start) - 1
+
+    def _end(self, piece: Piece, local: list[Unit], index: int) -> int:
+        """How many of the text's units are finished once the piece's first `index` units are."""
+        if index == 0:
+            return self._start(piece, local, 0) if local else bisect.bisect_right(self._ends, piece.start)
+        return bisect.bisect_right(self._ends, piece.start + local[index - 1].end)

@@ -1,7 +1,14 @@
 """`piper`: the embedded CPU voice (Piper VITS, packaged en_US joe voice), sentence by sentence.
 
 The text is phonemised once (espeak-ng, which is not thread-safe, so under a lock); each
-sentence is then one ONNX run and one chunk. Cancellation takes effect between sentences.
+sentence is then one ONNX run and one chunk, and a sentence longer than `MAX_RUN_PHONEMES`
+several (cut after a comma, else between words). Cancellation takes effect between runs.
+A run's memory grows with its audio (measured on the packaged voice, with onnxruntime's
+arena: +21 MB for 50 phonemes, +71 MB for 100, +166 MB for 200, +356 MB for 400; 4,096
+characters without a full stop peaked at 6.5 GB), and the arena keeps its peak for the
+process's life, so the cap bounds both the engine's memory (`parallel` runs at once) and how
+long one run holds a turn that another stream's first chunk waits for (~0.9 s for 200
+phonemes on a 2-core machine).
 At most `parallel` ONNX runs go at once (FIFO): on a small CPU, running every stream's
 sentence together only makes all of them late, while taking turns keeps the earliest
 requests fast and the total throughput the same.
@@ -16,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +35,7 @@ from voxgate.types import AudioChunk, CancelToken, EngineFailure, SynthesisReque
 
 log = logging.getLogger(__name__)
 _ESPEAK_LOCK = threading.Lock()  # one espeak-ng instance per process
+MAX_RUN_PHONEMES = 200  # ~10 s of audio: longer than the sentences of ordinary prose (~130 for 130 characters)
 
 
 class PiperEngine:
@@ -77,8 +86,9 @@ class PiperEngine:
         )
         with _ESPEAK_LOCK:
             sentences = [s for s in self._voice.phonemize(request.text) if s]
+        runs = [run for sentence in sentences for run in split_runs(sentence, MAX_RUN_PHONEMES)]
         units_total = count_units(request.text)
-        for seq, phonemes in enumerate(sentences):
+        for seq, phonemes in enumerate(runs):
             if cancel.cancelled:
                 return
             with self._turns:
@@ -86,12 +96,41 @@ class PiperEngine:
                     return
                 audio = self._voice.phoneme_ids_to_audio(self._voice.phonemes_to_ids(phonemes), config)
             samples = _normalise(np.asarray(audio, dtype=np.float32))
-            last = seq == len(sentences) - 1
+            last = seq == len(runs) - 1
             # piper gives no word alignment: the final chunk closes the unit range
             yield AudioChunk(samples, self.sample_rate, seq, None, units_total if last else None, time.perf_counter())
 
     def close(self) -> None:
         return None
+
+
+def split_runs(phonemes: list[str], max_len: int) -> list[list[str]]:
+    """One sentence's phonemes as runs of at most `max_len`, each cut after the last clause mark
+    (espeak writes `, ` `; ` `: `) that fits, else at the last word space, else before
+    `max_len` (a single word that long), never in front of a combining mark."""
+    runs: list[list[str]] = []
+    start = 0
+    while len(phonemes) - start > max_len:
+        end = _run_end(phonemes, start, start + max_len)
+        runs.append(phonemes[start:end])
+        start = end
+        while start < len(phonemes) and phonemes[start] == " ":
+            start += 1
+    if start < len(phonemes):
+        runs.append(phonemes[start:])
+    return runs
+
+
+def _run_end(phonemes: list[str], start: int, limit: int) -> int:
+    """Where the run from `start` ends: the best cut in `(start, limit]`."""
+    spaces = [i for i in range(start + 1, limit + 1) if phonemes[i] == " " and phonemes[i - 1] != " "]
+    clauses = [i for i in spaces if phonemes[i - 1] in ",;:"]
+    if clauses or spaces:
+        return (clauses or spaces)[-1]
+    end = limit
+    while end > start + 1 and unicodedata.combining(phonemes[end]):
+        end -= 1
+    return end
 
 
 def _normalise(audio: np.ndarray) -> np.ndarray:

@@ -7,6 +7,9 @@ the audio produced so far would run out if playback started with the first chunk
 with `batch_s` (set for engines that compute in the calling thread) lets one call make
 several later chunks, joined into one, while that is quick and no more urgent call waits:
 fewer hops and messages per second of audio; the first chunk always comes alone.
+Text longer than `max_piece_chars` reaches the engine piece by piece (`stream_pieces`), still
+as one stream: one first chunk, one cancel, one timing. Every transport drives its engine
+through this class, so none of them can hand an engine an unbounded text.
 `DisconnectWatch` notices a client leaving from the moment its request is admitted.
 `AudioStreamResponse` writes the pieces, stamps server-side timing, gives up on a client
 that stops reading, and ends a broken stream without the closing chunk.
@@ -25,7 +28,7 @@ import numpy as np
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from voxgate.engines.base import Engine
+from voxgate.engines.base import DEFAULT_MAX_PIECE_CHARS, Engine, stream_pieces
 from voxgate.serving.workers import EnginePool
 from voxgate.types import AudioChunk, CancelToken, EngineFailure, SynthesisRequest, Timing, VoxgateError
 
@@ -56,6 +59,7 @@ class EngineStream:
 
     Work starts at construction, or with `start=False` at the first `start()`/`next()`, so
     a caller can put cached audio on the wire before the engine competes for the CPU.
+    No engine call gets more than `max_piece_chars` characters of the request's text.
     """
 
     def __init__(
@@ -65,6 +69,7 @@ class EngineStream:
         pool: EnginePool,
         on_closed: Callable[[], None] | None = None,
         start: bool = True,
+        max_piece_chars: int = DEFAULT_MAX_PIECE_CHARS,
     ) -> None:
         self.token = CancelToken()
         self.generated = 0
@@ -75,7 +80,7 @@ class EngineStream:
         self._closing = False
         self._pool = pool
         self._loop = asyncio.get_running_loop()
-        self._iterator = engine.stream(request, self.token)
+        self._iterator = stream_pieces(engine, request, self.token, max_piece_chars)
         self._finished = False
         self._deferred: Exception | None = None  # an engine failure after audio made in the same call
         self.exhausted = False  # the engine ran to its end (as opposed to being cancelled)
