@@ -64,7 +64,7 @@ def timing_row(server: ServerProcess, request_id: str, timeout: float = 5.0) -> 
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        rows = httpx.get(f"{server.url}/debug/timings", headers=server.auth_headers()).json()["timings"]
+        rows = httpx.get(f"{server.url}/debug/timings", headers=server.admin_headers()).json()["timings"]
         match = [r for r in rows if r["request_id"] == request_id]
         if match:
             return match[0]

@@ -43,6 +43,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from voxgate.runtime import loop_name
     from voxgate.serving.app import create_app
+    from voxgate.serving.auth import redact_secrets
+    from voxgate.serving.transport import uvicorn_config
 
     settings = _settings(args, warmup=False if args.no_warmup else None)
     _logging(settings.log_level)
@@ -66,14 +68,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     flush=True,
                 )
 
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=args.access_log,
-        timeout_graceful_shutdown=10,
-    )
+    config = uvicorn_config(app, settings, access_log=args.access_log)
+    redact_secrets()  # after uvicorn set up its loggers: no key or token in a log line
     server = Server(config)
     server.run()
     if fatal:

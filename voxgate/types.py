@@ -304,3 +304,10 @@ class RateLimited(VoxgateError):
 
     code = "rate_limited"
     status = 429
+
+
+class RequestTimeout(VoxgateError):
+    """The request's body did not arrive within `header_timeout_s`."""
+
+    code = "request_timeout"
+    status = 408

@@ -64,7 +64,7 @@ def test_error_responses_carry_the_request_id(tone_server):
 
 
 def test_debug_timings_rejects_a_negative_count(tone_server):
-    r = httpx.get(f"{tone_server.url}/debug/timings", params={"last": -1})
+    r = httpx.get(f"{tone_server.url}/debug/timings", params={"last": -1}, headers=tone_server.admin_headers())
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
 
 

@@ -224,7 +224,7 @@ def test_fuzzed_messages_give_typed_errors_and_keep_the_session_consistent(frame
             elif message.type == "session.end":
                 s.finish()
         except ProtocolError as exc:
-            assert exc.code in {"unit_gap", "unit_overlap", "utterance_ending"}
+            assert exc.code in {"unit_gap", "unit_overlap", "utterance_ending", "invalid_request", "text_too_long"}
         _speak_all(s)
         _drain(s)
         assert s.next_unit == accepted_units and s.unsent_bytes == 0
@@ -238,3 +238,91 @@ def test_the_committed_json_schema_is_the_codes():
 
     committed = json.loads((Path(__file__).parents[2] / "docs" / "protocol.schema.json").read_text())
     assert committed == json.loads(json.dumps(schema())), "run: voxgate protocol-schema > docs/protocol.schema.json"
+
+
+# ---------------------------------------------------------------------- bounds (issue 16)
+
+
+def test_blank_deltas_keep_one_space_and_cost_no_memory():
+    s = _session()
+    s.delta(_delta("Hello", 0))
+    for _ in range(10_000):
+        s.delta(_delta("    \t ", None))
+    s.delta(_delta("world", 1))
+    assert s._pending_chars == len("Hello world")
+    s.flush()
+    assert s.take_segment().text == "Hello world"
+
+
+def test_a_blank_delta_with_a_newline_still_cuts_the_segment():
+    s = _session()
+    s.delta(_delta("Hello", 0))
+    s.delta(_delta(" \n ", None))
+    assert s.take_segment().text == "Hello"
+
+
+def test_text_beyond_the_queue_bound_is_refused_and_changes_nothing():
+    s = Session("s1", SessionStart(type="session.start", max_pending_units=200), 24000, text_queue_chars=300)
+    index = 0
+    refused = None
+    for _ in range(100):
+        try:
+            s.delta(_delta("word ", index))
+            index += 1
+        except ProtocolError as exc:
+            refused = exc
+            break
+    assert refused is not None and refused.code == "text_queue_full" and not refused.fatal
+    assert refused.extra["expected_unit_index"] == index == s.next_unit
+    assert s._pending_chars + s._queued_chars <= 300
+    segment = s.take_segment() or (s.flush(), s.take_segment())[1]  # the engine takes the text: room again
+    s.segment_done(segment)
+    s.delta(_delta("word ", index))
+    assert s.next_unit == index + 1
+
+
+def test_text_checks_match_http():
+    s = Session("s1", SessionStart(type="session.start"), 24000, max_text_chars=300)
+    for text, code in (("a" * 301, "text_too_long"), ("nul\x00here", "invalid_request"), ("\x1f", "invalid_request")):
+        with pytest.raises(ProtocolError) as refused:
+            s.delta(_delta(text, 0))
+        assert refused.value.code == code
+    assert s.next_unit == 0 and not s.open
+
+
+def test_no_segment_grows_past_the_text_limit():
+    s = Session("s1", SessionStart(type="session.start", max_pending_units=200), 24000, max_text_chars=50)
+    for i in range(40):
+        s.delta(_delta("abcdefghi ", i))
+    s.flush()
+    texts = []
+    while (segment := s.take_segment()) is not None:
+        texts.append(segment.text)
+        s.segment_done(segment)
+    assert " ".join(texts).split() == ["abcdefghi"] * 40
+    assert max(len(t) for t in texts) <= 50
+
+
+def test_cancel_drops_only_the_open_utterances_unsent_entries():
+    s = _session(max_pending_units=1)
+    s.delta(_delta("one ", 0))
+    s.end()
+    _speak_all(s)  # utterance 0 logged, nothing sent yet
+    before = [e.message for e in s._log]
+    s.delta(_delta("two ", 1))
+    segment = s.take_segment()
+    s.audio(segment, b"\x00\x01" * 10, 10)
+    s.cancel()
+    messages = _drain(s)
+    assert messages[: len(before)] == before  # the older utterance's unsent output is all kept
+    assert [m["type"] for m in messages[len(before) :]] == ["utterance.done"]
+    assert messages[-1]["status"] == "cancelled" and messages[-1]["utterance"] == 1
+
+
+def test_many_cancels_keep_the_log_linear():
+    """Each cancel answers with one utterance.done and touches only what it removes."""
+    s = _session()
+    for _ in range(20_000):
+        s.cancel()
+    assert len(s._log) == 20_000 and s.utterance == 20_000
+    assert s.unsent_bytes == sum(e.size for e in s._log)

@@ -50,18 +50,18 @@ def time_request(client: httpx.Client, url: str, text: str, request_id: str) -> 
     return {"ttfa_ms": 1000 * ((first or done) - t0), "total_ms": 1000 * (done - t0), "audio_s": audio_s}
 
 
-def _server_timings(client: httpx.Client, url: str, ids: list[str]) -> list[dict[str, Any]]:
+def _server_timings(client: httpx.Client, url: str, ids: list[str], admin: dict[str, str]) -> list[dict[str, Any]]:
     """The server's rows for `ids`; a stream is recorded just after its response ends, so poll briefly."""
     deadline = time.monotonic() + 5
     while True:
-        rows = client.get(f"{url}/debug/timings", params={"last": 100_000}).json()["timings"]
+        rows = client.get(f"{url}/debug/timings", params={"last": 100_000}, headers=admin).json()["timings"]
         by_id = {r["request_id"]: r for r in rows}
         if all(rid in by_id for rid in ids) or time.monotonic() > deadline:
             return [by_id[rid] for rid in ids if rid in by_id]
         time.sleep(0.02)
 
 
-def _series(url: str, text: str, n: int, warmup: int, concurrency: int = 1) -> dict[str, Any]:
+def _series(url: str, text: str, n: int, warmup: int, concurrency: int, admin: dict[str, str]) -> dict[str, Any]:
     ids = [f"bench-{uuid.uuid4().hex[:12]}" for _ in range(n)]
     with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=concurrency + 2)) as client:
         for _ in range(warmup):
@@ -71,7 +71,7 @@ def _series(url: str, text: str, n: int, warmup: int, concurrency: int = 1) -> d
         else:
             with ThreadPoolExecutor(concurrency) as pool:
                 client_rows = list(pool.map(lambda rid: time_request(client, url, text, rid), ids))
-        server_rows = _server_timings(client, url, ids)
+        server_rows = _server_timings(client, url, ids, admin)
     return {
         "text": text,
         "concurrency": concurrency,
@@ -96,7 +96,8 @@ def bench_engine(engine: str, n: int, warmup: int, concurrency: int) -> dict[str
             (f"concurrent_{concurrency}", SENTENCE, concurrency),
         ):
             print(f"[{engine}] {name}: {n} requests, concurrency {conc} ...", flush=True)
-            result[name] = _series(server.url, text, n if conc == 1 else max(n, conc), warmup, conc)
+            count = n if conc == 1 else max(n, conc)
+            result[name] = _series(server.url, text, count, warmup, conc, server.admin_headers())
     return result
 
 

@@ -59,6 +59,7 @@ class SessionClient:
         self.ledger = SessionLedger()
         self.cursor = 0  # next unit index to send
         self.session_id = ""
+        self.resume_token = ""
         self.link: Link | None = None
         self._changed = asyncio.Event()  # set by the reader after every message
         self._end_sent = self._end_maybe_received = False
@@ -93,7 +94,7 @@ class SessionClient:
         reply = await self._started(self.link)
         if reply.get("type") != "session.started":
             raise SessionFailed(f"start_refused_{reply.get('code', 'closed')}")
-        self.session_id = reply["session_id"]
+        self.session_id, self.resume_token = reply["session_id"], reply["resume_token"]
 
     async def _converse(self) -> None:
         """Send every delta on time, then text.end and session.end, recovering from lost sockets."""
@@ -194,7 +195,7 @@ class SessionClient:
         self.ledger.resumes_attempted += 1
         await asyncio.sleep(self.params.reconnect_delay_s)
         self.link = await self._open(small_buffer=False)
-        resume = {"session_id": self.session_id, "last_unit_index_received": last}
+        resume = {"session_id": self.session_id, "resume_token": self.resume_token, "last_unit_index_received": last}
         await self.link.ws.send(json.dumps({"type": "session.start", "resume": resume}))
         reply = await self._started(self.link)
         if reply.get("type") != "session.started" or not reply.get("resumed"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import secrets
 import subprocess
 import sys
 import threading
@@ -62,7 +63,9 @@ class ServerProcess:
         self.engine = engine
         self.wait_ready = wait_ready
         # The embedded LLM only where asked for (each server would load it otherwise).
-        self.env = {"VOXGATE_LLM_EMBEDDED": "false", **{f"VOXGATE_{k}": str(v) for k, v in (env or {}).items()}}
+        # An admin key of its own, so benches and tests can read /debug/timings (off without one).
+        self.env = {"VOXGATE_LLM_EMBEDDED": "false", "VOXGATE_ADMIN_KEYS": f"admin-{secrets.token_hex(8)}",
+                    **{f"VOXGATE_{k}": str(v) for k, v in (env or {}).items()}}  # fmt: skip
         self.ready_timeout = ready_timeout
         self.url = ""
         self.log: deque[str] = deque(maxlen=400)
@@ -133,6 +136,10 @@ class ServerProcess:
     def auth_headers(self) -> dict[str, str]:
         keys = self.env.get("VOXGATE_API_KEYS", "")
         return {"authorization": f"Bearer {keys.split(',')[0]}"} if keys else {}
+
+    def admin_headers(self) -> dict[str, str]:
+        """For the admin endpoints (/debug/*)."""
+        return {"authorization": f"Bearer {self.env['VOXGATE_ADMIN_KEYS'].split(',')[0]}"}
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import re
 import socket
@@ -13,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,6 +26,7 @@ from voxgate.engines.base import Engine
 from voxgate.runtime import settle_heap
 from voxgate.serving.agent_http import AgentCalls, agent_calls
 from voxgate.serving.agent_http import router as agent_router
+from voxgate.serving.auth import Authenticator, Client, OriginPolicy
 from voxgate.serving.bridge import router as bridge_router
 from voxgate.serving.bridge_ws import router as bridge_ws_router
 from voxgate.serving.http import router
@@ -35,15 +36,17 @@ from voxgate.serving.page import PAGE_PATHS
 from voxgate.serving.page import router as page_router
 from voxgate.serving.protocol import describe_validation, error_body
 from voxgate.serving.state import ServerState
+from voxgate.serving.tokens import router as token_router
 from voxgate.serving.ws import Gateway
 from voxgate.serving.ws import router as ws_router
-from voxgate.types import RequestTooLarge, Unauthorized, VoxgateError
+from voxgate.types import Forbidden, NotFound, RequestTimeout, RequestTooLarge, Unauthorized, VoxgateError
 
 log = logging.getLogger(__name__)
 _OPEN_PATHS = ("/healthz", *PAGE_PATHS)  # the page is static; its API calls carry the key
+_ADMIN_PREFIX = "/debug/"
 _SAFE_ID = re.compile(rb"[A-Za-z0-9._:-]+")
 _KNOWN_PATHS = ("/tts/stream", "/v1/audio/speech", "/v1/voices", "/healthz", "/metrics", "/debug/timings",
-                "/v1/chat/completions", "/v1/bridge/stream", "/v1/agent/offer")  # fmt: skip
+                "/v1/chat/completions", "/v1/bridge/stream", "/v1/agent/offer", "/v1/auth/token")  # fmt: skip
 
 
 def create_app(
@@ -84,6 +87,7 @@ def create_app(
     app.include_router(llm_router)
     app.include_router(bridge_router)
     app.include_router(bridge_ws_router)
+    app.include_router(token_router)
     if settings.agent_max_calls:  # the voice agent over WebRTC
         from voxgate.agent.service import AgentService
 
@@ -92,7 +96,7 @@ def create_app(
         app.include_router(agent_router)
         app.include_router(page_router)
     _install_error_handlers(app, state.metrics)
-    app.add_middleware(RequestGate, settings=settings, metrics=state.metrics)
+    app.add_middleware(RequestGate, settings=settings, metrics=state.metrics, auth=state.auth)
     return app
 
 
@@ -127,33 +131,54 @@ def _install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
 
 
 class RequestGate:
-    """Pure ASGI middleware in front of every route: stamps `t_req_in`, checks the bearer
-    token, reads the body up to the size limit (413 beyond), and counts responses."""
+    """Pure ASGI middleware in front of every route, HTTP and WebSocket: stamps `t_req_in`,
+    identifies the client once (`voxgate.serving.auth`: key, token or address; the one
+    identity every limit is keyed on), refuses foreign origins and admin paths to others,
+    reads an HTTP body up to the size limit (413 beyond) within `header_timeout_s`, and
+    counts responses. A refused WebSocket is accepted and closed at once with 4401 / 4403,
+    so the client sees why."""
 
-    def __init__(self, app: ASGIApp, settings: Settings, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, settings: Settings, metrics: Metrics, auth: Authenticator) -> None:
         self.app = app
-        self.keys = [k.encode() for k in settings.api_keys]
+        self.auth = auth
+        self.origins = OriginPolicy(settings.allowed_origins, settings.host)
+        self.admin_on = bool(settings.admin_keys)
         self.max_bytes = settings.max_request_bytes
         self.max_upload_bytes = settings.max_voice_upload_bytes
+        self.body_timeout_s = settings.header_timeout_s
         self.ws_send_buffer = settings.ws_socket_send_buffer_bytes
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
-            # The WebSocket gateway may have to drop a client that stopped reading; a close frame
-            # would queue behind its unread audio, so it needs the transport (uvicorn's send is a
-            # method of its protocol object; later wrappers hide it).
-            transport = getattr(getattr(send, "__self__", None), "transport", None)
-            if transport is not None:
-                scope.setdefault("state", {})["abort_transport"] = transport.abort
-                _cap_send_buffer(transport, self.ws_send_buffer)
-        if scope["type"] != "http":
+            await self._websocket(scope, receive, send)
+        elif scope["type"] == "http":
+            await self._http(scope, receive, send)
+        else:
             await self.app(scope, receive, send)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            client = self._admit(scope)
+        except VoxgateError as exc:
+            self.metrics.errors.labels(exc.code).inc()
+            await _refuse_websocket(receive, send, 4401 if isinstance(exc, Unauthorized) else 4403, exc.message)
             return
+        # The WebSocket gateway may have to drop a client that stopped reading; a close frame
+        # would queue behind its unread audio, so it needs the transport (uvicorn's send is a
+        # method of its protocol object; later wrappers hide it).
+        state = scope.setdefault("state", {})
+        transport = getattr(getattr(send, "__self__", None), "transport", None)
+        if transport is not None:
+            state["abort_transport"] = transport.abort
+            _cap_send_buffer(transport, self.ws_send_buffer)
+        state.update(client=client, client_id=client.id, t_req_in=time.perf_counter())
+        await self.app(scope, receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         t_req_in = time.perf_counter()
         path = scope["path"]
         endpoint = path if path in _KNOWN_PATHS else "other"
-
         headers = dict(scope["headers"])
         request_id = _request_id(headers.get(b"x-request-id", b""))
 
@@ -166,26 +191,36 @@ class RequestGate:
             await send(message)
 
         try:
-            key = self._authorise(path, headers.get(b"authorization", b""))
+            client = self._admit(scope)
             limit = self.max_upload_bytes if path == "/v1/voices" else self.max_bytes
-            body = await self._read_body(receive, headers.get(b"content-length"), limit)
+            async with asyncio.timeout(self.body_timeout_s):
+                body = await self._read_body(receive, headers.get(b"content-length"), limit)
+        except TimeoutError:
+            exc = RequestTimeout(f"the request body did not arrive within {self.body_timeout_s:g} s")
+            await error_response(exc, self.metrics)(scope, receive, counted_send)
+            return
         except VoxgateError as exc:
             await error_response(exc, self.metrics)(scope, receive, counted_send)
             return
-        client = key or (scope.get("client") or ("unknown",))[0]
-        scope.setdefault("state", {}).update(t_req_in=t_req_in, client_id=str(client), request_id=request_id)
+        scope.setdefault("state", {}).update(t_req_in=t_req_in, client=client, client_id=client.id,
+                                             request_id=request_id)  # fmt: skip
         await self.app(scope, _replay(body, receive), counted_send)
 
-    def _authorise(self, path: str, header: bytes) -> str | None:
-        if not self.keys or path in _OPEN_PATHS:
-            return None
-        scheme, _, token = header.partition(b" ")
-        if scheme.lower() != b"bearer" or not token:
-            raise Unauthorized("missing bearer token: send 'Authorization: Bearer <key>'")
-        for index, key in enumerate(self.keys):
-            if hmac.compare_digest(key, token.strip()):
-                return f"key{index}"  # the client identity for per-client limits, never the key itself
-        raise Unauthorized("the API key is not valid")
+    def _admit(self, scope: Scope) -> Client:
+        """Origin, then identity, then the admin paths; raises the typed refusal."""
+        headers = dict(scope["headers"])
+        self.origins.check(headers.get(b"origin"), headers.get(b"host"), scope.get("server"))
+        path = scope["path"]
+        if path in _OPEN_PATHS:
+            return Client(f"addr:{_peer(scope)}")
+        query = _query(scope.get("query_string", b""))
+        client = self.auth.identify(headers.get(b"authorization", b""), query, _peer(scope))
+        if path.startswith(_ADMIN_PREFIX):
+            if not self.admin_on:
+                raise NotFound("not found")  # admin endpoints are off without VOXGATE_ADMIN_KEYS
+            if not client.admin:
+                raise Forbidden("this endpoint needs an admin key (VOXGATE_ADMIN_KEYS)")
+        return client
 
     async def _read_body(self, receive: Receive, content_length: bytes | None, limit: int) -> bytes:
         if content_length is not None and content_length.isdigit() and int(content_length) > limit:
@@ -204,6 +239,25 @@ class RequestGate:
             if not message.get("more_body", False):
                 break
         return b"".join(chunks)
+
+
+def _peer(scope: Scope) -> str:
+    return str((scope.get("client") or ("unknown",))[0])
+
+
+def _query(raw: bytes) -> dict[str, str]:
+    """The query parameters the gate reads (`api_key`, `token`); bounded, never raises."""
+    if not raw or (b"api_key=" not in raw and b"token=" not in raw):
+        return {}
+    return {k: v for k, v in parse_qsl(raw[:4096].decode("latin-1")) if k in ("api_key", "token")}
+
+
+async def _refuse_websocket(receive: Receive, send: Send, code: int, reason: str) -> None:
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    await send({"type": "websocket.accept"})
+    await send({"type": "websocket.close", "code": code, "reason": reason[:120]})
 
 
 def _cap_send_buffer(transport: Any, size: int) -> None:

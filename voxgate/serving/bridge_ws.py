@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from typing import Annotated, Any, Literal
@@ -29,10 +30,11 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from voxgate.bridge.llm import Conversation
+from voxgate.serving.auth import Client
+from voxgate.serving.limits import MessageRate
 from voxgate.serving.protocol import describe_validation
 from voxgate.serving.reply import AudioOut, Reply, ReplyOptions
 from voxgate.serving.state import ServerState
-from voxgate.serving.ws import authorised
 from voxgate.serving.wsproto import ProtocolError, decode_frame, error
 from voxgate.types import VoxgateError
 
@@ -61,7 +63,7 @@ class Cancel(_Message):
 
 class Bare(_Message):
     type: Literal["reset", "history", "ping"]
-    id: str | int | None = None
+    id: Annotated[str, Field(max_length=256)] | int | None = None
 
 
 _ADAPTER: TypeAdapter[Config | User | Cancel | Bare] = TypeAdapter(
@@ -92,6 +94,7 @@ class _Call:
 
     def __init__(self, state: ServerState, websocket: WebSocket) -> None:
         self.state, self.ws = state, websocket
+        self.client: Client = websocket.scope["state"]["client"]  # authenticated by RequestGate
         self.options = ReplyOptions()
         self.conversation = Conversation(max_chars=state.history_chars())
         self.reply: Reply | None = None
@@ -100,11 +103,14 @@ class _Call:
         self.send_lock = asyncio.Lock()
 
     async def serve(self) -> None:
-        ws = self.ws
+        ws, settings = self.ws, self.state.settings
         await ws.accept()
-        if not authorised(ws, self.state.settings.api_keys):
-            await ws.close(code=4401, reason="unauthorized")
+        try:
+            self.state.sessions.open(self.client.id)  # a bridge socket is a session of its client
+        except VoxgateError as exc:
+            await self._refuse(error(exc.code, exc.message, fatal=True))
             return
+        rate = MessageRate(settings.ws_messages_per_s, settings.ws_message_burst)
         try:
             plan = self.state.voice_plan(None, "pcm", None, None)
             await self._send({"type": "ready", "sample_rate": plan.sample_rate})
@@ -114,22 +120,37 @@ class _Call:
                     break
                 raw = frame.get("text") if frame.get("text") is not None else frame.get("bytes")
                 try:
-                    await self._apply(parse(raw, self.state.settings.ws_max_message_bytes))
+                    if not rate.take(time.monotonic()):
+                        raise ProtocolError("rate_limited", "too many messages; the socket is closed", fatal=True)
+                    await self._apply(parse(raw, settings.ws_max_message_bytes))
                 except (ProtocolError, VoxgateError) as exc:
                     reply = exc.to_message() if isinstance(exc, ProtocolError) else error(exc.code, exc.message)
                     self.state.metrics.errors.labels(reply["code"]).inc()
+                    if reply["fatal"]:
+                        await self._refuse(reply)
+                        break
                     await self._send(reply)
-        except (WebSocketDisconnect, OSError, TimeoutError):
+        except (WebSocketDisconnect, OSError, TimeoutError, RuntimeError):  # gone (starlette: RuntimeError)
             pass
         except Exception:  # a bug must cost this socket only
             log.exception("bridge socket failed")
         finally:
             await self._interrupt(None)
+            self.state.sessions.close(self.client.id)
+
+    async def _refuse(self, reply: dict[str, Any]) -> None:
+        """A fatal error: stop the reply, say why, close."""
+        await self._interrupt(None)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._send(reply), timeout=1.0)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ws.close(code=1008, reason=reply["code"]), timeout=1.0)
 
     async def _apply(self, message: Config | User | Cancel | Bare) -> None:
         if isinstance(message, Config):
-            self.options = ReplyOptions(**message.model_dump(exclude={"type", "system"}))
-            self.state.voice_plan(self.options.voice, "pcm", None, self.options.language)  # refuse a bad voice now
+            options = ReplyOptions(**message.model_dump(exclude={"type", "system"}))
+            self.state.voice_plan(options.voice, "pcm", None, options.language)  # refused: nothing changes
+            self.options = options
             if message.system is not None:
                 self.conversation.system = message.system or None
         elif isinstance(message, User):
@@ -150,24 +171,30 @@ class _Call:
     def _start(self, user: str) -> None:
         self.replies += 1
         reply = Reply(self.state, self.options, self.conversation.messages(user), time.perf_counter(),
-                      f"bridge-ws:{id(self)}")  # fmt: skip
+                      self.client.id)  # fmt: skip
         self.reply = reply
         self.speaker = asyncio.get_running_loop().create_task(self._speak(reply, self.replies, user))
 
     async def _speak(self, reply: Reply, number: int, user: str) -> None:
+        recorded = False
         try:
             await self._send({"type": "reply.start", "reply": number, "sample_rate": reply.plan.sample_rate})
             async for event in reply.events():
                 if isinstance(event, AudioOut):
                     await self._send(event.pcm)
-                else:
-                    await self._send({**event.message(), "reply": number})
+                    continue
+                message = {**event.message(), "reply": number}
+                if message["type"] == "done":  # the history has the turn before the client hears it is over
+                    self.conversation.record(user, reply.spoken())
+                    recorded = True
+                await self._send(message)
         except (WebSocketDisconnect, OSError, RuntimeError, TimeoutError):
             with contextlib.suppress(Exception):  # a client that stopped reading or left: drop it
                 await self.ws.close(code=1011)
         finally:
             reply.close()
-            self.conversation.record(user, reply.spoken())
+            if not recorded:
+                self.conversation.record(user, reply.spoken())
             if self.reply is reply:
                 self.reply = None
 
@@ -183,6 +210,10 @@ class _Call:
             speaker.cancel()
 
     async def _send(self, message: dict[str, Any] | bytes) -> None:
+        """One message, at most `send_timeout_s` behind a client that does not read (the reader
+        waits here too, so nothing queues without bound). JSON is ASCII-escaped: any string
+        it carries encodes."""
         async with self.send_lock:
-            send = self.ws.send_bytes(message) if isinstance(message, bytes) else self.ws.send_json(message)
+            data = message if isinstance(message, bytes) else json.dumps(message)
+            send = self.ws.send_bytes(data) if isinstance(data, bytes) else self.ws.send_text(data)
             await asyncio.wait_for(send, timeout=self.state.settings.send_timeout_s)

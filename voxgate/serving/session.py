@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from voxgate.serving.wsproto import ProtocolError, SessionStart, TextDelta
+from voxgate.text import check_characters
 from voxgate.text import count_units as text_units
+from voxgate.types import VoxgateError
 
 _SENTENCE_END = re.compile(r"[.!?;:](?=\s|$)|[。！？；\n]")
 
@@ -67,6 +69,8 @@ class Session:
     config: SessionStart
     sample_rate: int
     replay_bytes: int = 512 << 10
+    max_text_chars: int = 4096  # longest delta, and longest segment but for one delta's overshoot
+    text_queue_chars: int = 16384  # received text not yet handed to the engine
     next_unit: int = 0  # the index the next delta must start at
     utterance: int = 0  # the open (or next) utterance
     open: bool = False  # an utterance has text, or an end, not yet done
@@ -76,8 +80,10 @@ class Session:
     audio_samples: int = 0
     last_delta_at: float = 0.0
     _pending: list[str] = field(default_factory=list)
+    _pending_chars: int = 0
     _pending_start: int = 0
     _queue: deque[Segment] = field(default_factory=deque)
+    _queued_chars: int = 0  # text in _queue
     _inflight: Segment | None = None
     _log: list[Entry] = field(default_factory=list)
     _cursor: int = 0  # index into _log of the next entry to send
@@ -99,23 +105,49 @@ class Session:
             code, how = ("unit_gap", "skips units") if first > self.next_unit else ("unit_overlap", "repeats units")
             raise ProtocolError(code, f"first_unit_index {first} {how}; expected {self.next_unit}",
                                 expected_unit_index=self.next_unit)  # fmt: skip
-        units = count_units(msg.text, self.config.units)
+        text = self._admit(msg.text)
+        units = count_units(text, self.config.units)
         self.open = True
         self.last_delta_at = now
+        if self._pending_chars + len(text) > self.max_text_chars:
+            self.flush(now)  # no segment grows past the text limit (HTTP's, for one request)
         if not self._pending:
             self._pending_start = self.next_unit
-        self._pending.append(msg.text)
+        if text:
+            self._pending.append(text)
+            self._pending_chars += len(text)
         self.next_unit += units
         if _SENTENCE_END.search(msg.text) or self.next_unit - self._pending_start >= self.config.max_pending_units:
             self.flush(now)
+
+    def _admit(self, text: str) -> str:
+        """The delta's text as kept: checked like any request's text, whitespace between words
+        kept as one space (a stream of blank deltas costs nothing), within the queue bound.
+        Raises `ProtocolError` and changes nothing when refused."""
+        try:
+            check_characters(text)
+        except VoxgateError as exc:
+            raise ProtocolError(exc.code, exc.message) from None
+        if len(text) > self.max_text_chars:
+            raise ProtocolError("text_too_long", f"a delta has at most {self.max_text_chars} characters")
+        if not text.strip():
+            last = self._pending[-1] if self._pending else ""
+            text = " " if last and not last[-1].isspace() else ""
+        if self._pending_chars + self._queued_chars + len(text) > self.text_queue_chars:
+            raise ProtocolError("text_queue_full", f"{self.text_queue_chars} characters are waiting to be spoken; "
+                                "send more after the next units.done", expected_unit_index=self.next_unit)  # fmt: skip
+        return text
 
     def flush(self, now: float | None = None) -> None:
         """Pending text becomes a segment (if it holds any units); `now` stamps it."""
         text = "".join(self._pending)
         if self.next_unit > self._pending_start and text.strip():
             at = self.last_delta_at if now is None else now
-            self._queue.append(Segment(self.utterance, text.strip(), self._pending_start, self.next_unit - 1, at))
+            segment = Segment(self.utterance, text.strip(), self._pending_start, self.next_unit - 1, at)
+            self._queue.append(segment)
+            self._queued_chars += len(segment.text)
         self._pending.clear()
+        self._pending_chars = 0
         self._pending_start = self.next_unit
 
     def idle_flush_due(self, now: float, idle_s: float) -> bool:
@@ -135,16 +167,20 @@ class Session:
         self._maybe_finish_session()
 
     def cancel(self) -> int:
-        """Stop the open utterance now; returns its number (the caller stops its engine stream)."""
+        """Stop the open utterance now; returns its number (the caller stops its engine stream).
+        The open utterance's segments and unsent entries are the tails of the queue and the
+        log, so a cancel costs what it removes, never the whole log."""
         cancelled = self.utterance
         self._pending.clear()
+        self._pending_chars = 0
         self._pending_start = self.next_unit
-        self._queue = deque(s for s in self._queue if s.utterance != cancelled)
+        while self._queue and self._queue[-1].utterance == cancelled:
+            self._queued_chars -= len(self._queue.pop().text)
         self._inflight = None
-        kept = self._log[: self._cursor] + [e for e in self._log[self._cursor :] if e.utterance != cancelled]
-        self._log = kept
-        self._unsent_bytes = sum(e.size for e in kept[self._cursor :])
-        self._log_bytes = sum(e.size for e in kept)
+        while len(self._log) > self._cursor and self._log[-1].utterance == cancelled:
+            entry = self._log.pop()
+            self._unsent_bytes -= entry.size
+            self._log_bytes -= entry.size
         self._close_utterance("cancelled")
         return cancelled
 
@@ -154,6 +190,7 @@ class Session:
         if self._inflight is not None or not self._queue:
             return None
         self._inflight = self._queue.popleft()
+        self._queued_chars -= len(self._inflight.text)
         return self._inflight
 
     @property

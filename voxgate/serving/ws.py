@@ -17,8 +17,8 @@ import contextlib
 import hmac
 import json
 import logging
+import secrets
 import time
-import uuid
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -26,11 +26,13 @@ from typing import Any
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from voxgate.audio import StreamEncoder
+from voxgate.serving.auth import Client
+from voxgate.serving.limits import MessageRate
 from voxgate.serving.session import Entry, Segment, Session
 from voxgate.serving.state import ServerState, StreamPlan
 from voxgate.serving.stream import EngineStream
 from voxgate.serving.wsproto import Bare, Ping, ProtocolError, SessionStart, TextDelta, error, omni_frames, parse_client
-from voxgate.types import Busy, TooManyStreams, VoxgateError
+from voxgate.types import VoxgateError
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -51,14 +53,20 @@ def _gateway(websocket: WebSocket) -> Gateway:
     return gateway
 
 
+CONTROL_BYTES = 256 << 10  # replies (pongs, errors) and other small messages a client may leave unread
+
+
 @dataclass(eq=False)
 class Live:
     """A session with its I/O: the attached socket (if any), its wake-ups and tasks."""
 
     session: Session
     plan: StreamPlan
+    owner: str  # the client identity that opened it (voxgate.serving.auth.Client.id)
+    resume_token: str  # given only to the socket that opened it; a resume must show it
     socket: WebSocket | None = None
-    replies: deque[dict[str, Any]] = field(default_factory=deque)  # sent before the log, never replayed
+    replies: deque[str] = field(default_factory=deque)  # JSON, sent before the log, never replayed
+    reply_bytes: int = 0
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # the writer has something to send
     work: asyncio.Event = field(default_factory=asyncio.Event)  # the synthesiser has something to do
     room: asyncio.Event = field(default_factory=asyncio.Event)  # the send queue drained a little
@@ -74,8 +82,14 @@ class Live:
     sentence: int = 0  # its segment counter
 
     def reply(self, message: dict[str, Any]) -> None:
-        self.replies.append(message)
+        text = json.dumps(message)  # ASCII-escaped: whatever a string holds, it encodes
+        self.replies.append(text)
+        self.reply_bytes += len(text)
         self.wake.set()
+
+    def unread_bytes(self) -> int:
+        """What this session holds for its client, unsent: replies and the log."""
+        return self.reply_bytes + self.session.unsent_bytes
 
 
 class Gateway:
@@ -94,9 +108,8 @@ class Gateway:
 
     async def serve(self, websocket: WebSocket, compat: bool) -> None:
         await websocket.accept()
-        if not authorised(websocket, self.settings.api_keys):  # accepted first, so the client sees why
-            await websocket.close(code=4401, reason="unauthorized")
-            return
+        client: Client = websocket.scope["state"]["client"]  # authenticated by RequestGate
+        rate = MessageRate(self.settings.ws_messages_per_s, self.settings.ws_message_burst)
         self._start_janitor()
         live: Live | None = None
         try:
@@ -106,18 +119,20 @@ class Gateway:
                     break
                 raw = frame.get("text") if frame.get("text") is not None else frame.get("bytes", b"")
                 try:
+                    if not rate.take(time.monotonic()):
+                        raise ProtocolError("rate_limited", "too many messages; the socket is closed", fatal=True)
                     message = parse_client(raw, self.settings.ws_max_message_bytes, compat)
-                    live = await self._apply(message, live, websocket)
+                    live = await self._apply(message, live, websocket, client)
                 except (ProtocolError, VoxgateError) as exc:
                     reply = exc.to_message() if isinstance(exc, ProtocolError) else error(exc.code, exc.message)
                     self.state.metrics.errors.labels(reply["code"]).inc()
-                    if live is not None and live.socket is websocket:
-                        live.reply(reply)
-                    else:
-                        await websocket.send_json(reply)
                     if reply["fatal"]:
-                        await websocket.close(code=1008)
+                        await _send_then_close(websocket, reply)
                         break
+                    if live is not None and live.socket is websocket:
+                        self._reply(live, reply)
+                    else:
+                        await websocket.send_text(json.dumps(reply))
                 if live is not None and live.socket is not websocket:
                     break  # replaced by a resume on another socket, or dropped for backpressure
         except WebSocketDisconnect:
@@ -128,20 +143,27 @@ class Gateway:
             if live is not None:
                 self._detach(live, websocket)
 
-    async def _apply(self, message: Any, live: Live | None, websocket: WebSocket) -> Live | None:
+    def _reply(self, live: Live, message: dict[str, Any]) -> None:
+        """Queue a reply within the session's bound; a client that leaves more than
+        `CONTROL_BYTES` of replies unread on top of a full audio queue is not reading: dropped."""
+        live.reply(message)
+        if live.unread_bytes() > self.settings.ws_send_queue_bytes + CONTROL_BYTES and live.socket is not None:
+            self._drop(live, live.socket, "the client does not read its replies")
+
+    async def _apply(self, message: Any, live: Live | None, websocket: WebSocket, client: Client) -> Live | None:
         if isinstance(message, Ping):
             reply = {"type": "pong", "id": message.id}
             if live is not None and live.socket is websocket:
-                live.reply(reply)
+                self._reply(live, reply)
             else:
-                await websocket.send_json(reply)
+                await websocket.send_text(json.dumps(reply))
             return live
         if isinstance(message, SessionStart):
             if live is not None:
                 raise ProtocolError("session_exists", "this socket already has a session")
             if message.resume:
-                return self._resume(message, websocket)
-            return self._open(message, websocket, omni=websocket.url.path.endswith("/speech/stream"))
+                return self._resume(message, websocket, client)
+            return self._open(message, websocket, client, omni=websocket.url.path.endswith("/speech/stream"))
         if live is None:
             raise ProtocolError("no_session", "send session.start first")
         session = live.session
@@ -161,30 +183,40 @@ class Gateway:
             if live.stream is not None:
                 live.stream.cancel("cancelled")
             live.room.set()
+            if live.unread_bytes() > self.settings.ws_send_queue_bytes + CONTROL_BYTES:
+                self._drop(live, websocket, "the client does not read")
         live.work.set()
         live.wake.set()
         return live
 
     # ------------------------------------------------------------------ sessions
 
-    def _open(self, start: SessionStart, websocket: WebSocket, omni: bool = False) -> Live:
+    def _open(self, start: SessionStart, websocket: WebSocket, client: Client, omni: bool = False) -> Live:
         if len(self.sessions) >= self.settings.ws_max_sessions:
             raise ProtocolError("too_many_sessions", f"the server holds {len(self.sessions)} sessions", fatal=True)
         fmt = {"pcm16": "pcm", "mulaw": "mulaw"}.get(start.format, start.format)
         plan = self.state.voice_plan(start.voice, fmt, start.sample_rate, start.language)
-        session_id = uuid.uuid4().hex
-        session = Session(session_id, start, plan.sample_rate, self.settings.ws_replay_bytes)
-        live = Live(session, plan, omni=omni)
+        self.state.sessions.open(client.id)  # TooManySessions: the socket stays open
+        session_id = secrets.token_hex(16)  # 128 random bits; never listed to other clients
+        s = self.settings
+        session = Session(session_id, start, plan.sample_rate, s.ws_replay_bytes, s.max_text_chars,
+                          s.ws_text_queue_chars)  # fmt: skip
+        live = Live(session, plan, owner=client.id, resume_token=secrets.token_urlsafe(24), omni=omni)
         self.sessions[session_id] = live
         live.synth = asyncio.get_running_loop().create_task(self._synthesise(live))
         self._attach(live, websocket, resumed=False)
         return live
 
-    def _resume(self, start: SessionStart, websocket: WebSocket) -> Live:
+    def _resume(self, start: SessionStart, websocket: WebSocket, client: Client) -> Live:
+        """Only with the session's resume token, and (where keys identify clients) from its
+        owner; every refusal looks the same, so ids and tokens cannot be probed."""
         assert start.resume is not None
         live = self.sessions.get(start.resume.session_id)
-        if live is None:
-            raise ProtocolError("resume_not_available", "no such session (expired, finished or never started)")
+        owned = live is not None and hmac.compare_digest(live.resume_token.encode(), start.resume.resume_token.encode())
+        if live is not None and self.state.auth.required and live.owner != client.id:
+            owned = False
+        if live is None or not owned:
+            raise ProtocolError("resume_not_available", "no such session of yours (expired, finished or never started)")
         live.session.resume(start.resume.last_unit_index_received)
         old = live.socket
         if old is not None and old is not websocket:
@@ -201,9 +233,10 @@ class Gateway:
         s = live.session
         live.socket, live.detached_at = websocket, None
         live.replies.clear()
-        live.reply({"type": "session.started", "session_id": s.session_id, "sample_rate": s.sample_rate,
-                    "format": s.config.format, "resumed": resumed, "next_unit_index": s.next_unit,
-                    "resume_window_s": self.settings.ws_resume_window_s})  # fmt: skip
+        live.reply_bytes = 0
+        live.reply({"type": "session.started", "session_id": s.session_id, "resume_token": live.resume_token,
+                    "sample_rate": s.sample_rate, "format": s.config.format, "resumed": resumed,
+                    "next_unit_index": s.next_unit, "resume_window_s": self.settings.ws_resume_window_s})  # fmt: skip
         live.pace_start, live.pace_utterance = None, -1
         live.writer = asyncio.get_running_loop().create_task(self._write(live, websocket))
 
@@ -222,8 +255,17 @@ class Gateway:
             live.writer.cancel()
         live.writer = None
 
+    def _drop(self, live: Live, websocket: WebSocket, why: str) -> None:
+        """Detach and abort a socket whose client does not read; the session waits for a resume."""
+        log.warning("session %s: %s; dropping the socket", live.session.session_id, why)
+        self.state.metrics.errors.labels("backpressure").inc()
+        self._detach(live, websocket)
+        live.dropped = "backpressure"
+        _abort(websocket)
+
     def _end(self, live: Live) -> None:
-        self.sessions.pop(live.session.session_id, None)
+        if self.sessions.pop(live.session.session_id, None) is not None:
+            self.state.sessions.close(live.owner)
         if live.stream is not None:
             live.stream.cancel("session_end")
         if live.synth is not None and live.synth is not asyncio.current_task():
@@ -250,12 +292,16 @@ class Gateway:
     # ------------------------------------------------------------------ writer
 
     async def _write(self, live: Live, websocket: WebSocket) -> None:
-        """Replies first, then the session's log from its cursor; ends the socket after session.done."""
+        """Replies first, then the session's log from its cursor; ends the socket after session.done.
+        A broken socket is left to the reader (it sees the disconnect); any other failure ends
+        the socket with an `internal_error`, never silently."""
         s = live.session
         try:
             while True:
                 if live.replies:
-                    await websocket.send_json(live.replies.popleft())
+                    text = live.replies.popleft()
+                    live.reply_bytes -= len(text)
+                    await websocket.send_text(text)
                     continue
                 entry = s.unsent()
                 if entry is None:
@@ -284,8 +330,14 @@ class Gateway:
                     )  # fmt: skip
         except asyncio.CancelledError:
             raise
-        except Exception:  # the socket broke: the reader sees the disconnect and detaches
+        except (OSError, RuntimeError, WebSocketDisconnect):  # the socket broke (starlette raises RuntimeError)
             log.debug("websocket writer stopped", exc_info=True)
+        except Exception:
+            log.exception("websocket writer failed (session %s)", s.session_id)
+            self.state.metrics.errors.labels("internal_error").inc()
+            self._detach(live, websocket)
+            reply = error("internal_error", "the server failed to send; resume the session", fatal=True)
+            asyncio.get_running_loop().create_task(_send_then_close(websocket, reply, code=1011))
 
     @staticmethod
     def _frames(live: Live, entry: Entry) -> list[str | bytes]:
@@ -336,8 +388,7 @@ class Gateway:
     async def _speak(self, live: Live, segment: Segment) -> None:
         s, engine = live.session, self.state.require_engine()
         request = replace(live.plan.request, text=segment.text, request_id=f"{s.session_id}:{segment.unit_start}")
-        client = f"ws:{s.session_id}"
-        await self._acquire(client)
+        await self.state.limiter.wait(live.owner)  # the client's slots, in turn: never refused mid-utterance
         live.stream = stream = EngineStream(engine, request, self.state.engine_pool)
         encoder = StreamEncoder(live.plan.fmt, engine.sample_rate, live.plan.sample_rate)
         failure: tuple[str, str] | None = None
@@ -354,17 +405,8 @@ class Gateway:
         finally:
             stream.cancel("done")
             live.stream = None
-            self.state.limiter.release(client)
+            self.state.limiter.release(live.owner)
         s.segment_done(segment, failure)
-
-    async def _acquire(self, client: str) -> None:
-        """An engine slot, waiting while the server is full (a socket is not refused mid-utterance)."""
-        while True:
-            try:
-                self.state.limiter.acquire(client)
-                return
-            except (Busy, TooManyStreams):
-                await asyncio.sleep(0.05)
 
     async def _room(self, live: Live, segment: Segment) -> None:
         """Wait while the session's unsent output is over its bound: warn, then drop the socket."""
@@ -383,21 +425,8 @@ class Gateway:
                 self.state.metrics.errors.labels("backpressure").inc()
                 live.reply(error("backpressure", "the client is not reading; audio is waiting", fatal=False))
             if waited >= self.settings.ws_backpressure_warn_s + self.settings.ws_backpressure_grace_s:
-                log.warning("session %s: client not reading for %.1f s; dropping the socket", s.session_id, waited)
-                self._detach(live, socket)
-                live.dropped = "backpressure"
-                _abort(socket)
+                self._drop(live, socket, f"client not reading for {waited:.1f} s")
                 start, warned = time.monotonic(), False
-
-
-def authorised(websocket: WebSocket, api_keys: list[str]) -> bool:
-    """The upgrade request's bearer token (or `?api_key=`, for browsers) is one of the keys."""
-    if not api_keys:
-        return True
-    header = websocket.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    given = token.strip() if scheme.lower() == "bearer" else websocket.query_params.get("api_key", "")
-    return any(hmac.compare_digest(key.encode(), given.encode()) for key in api_keys)
 
 
 def _abort(websocket: WebSocket) -> None:
@@ -409,6 +438,13 @@ def _abort(websocket: WebSocket) -> None:
         abort()
     else:
         asyncio.get_running_loop().create_task(_close_quietly(websocket, 1013, "backpressure"))
+
+
+async def _send_then_close(websocket: WebSocket, reply: dict[str, Any], code: int = 1008) -> None:
+    """A fatal error: tell the client why (if it reads within a second), then close."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(websocket.send_text(json.dumps(reply)), timeout=1.0)
+    await _close_quietly(websocket, code, reply["code"])
 
 
 async def _close_quietly(websocket: WebSocket, code: int, reason: str) -> None:

@@ -8,6 +8,7 @@ protocol's error code; the server's messages are built as plain dicts by the hel
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -32,6 +33,7 @@ class _Message(BaseModel):
 
 class Resume(_Message):
     session_id: str = Field(max_length=64)
+    resume_token: str = Field(max_length=128, description="from session.started: proves the session is yours")
     last_unit_index_received: int = Field(ge=-1)
 
 
@@ -63,7 +65,7 @@ class Bare(_Message):
 
 class Ping(_Message):
     type: Literal["ping"]
-    id: str | int | None = None
+    id: Annotated[str, Field(max_length=256)] | int | None = None
 
 
 ClientMessage = Annotated[SessionStart | TextDelta | Bare | Ping, Field(discriminator="type")]
@@ -82,9 +84,25 @@ def decode_frame(raw: str | bytes | None, max_bytes: int) -> Any:
     if len(raw) > max_bytes or len(raw.encode()) > max_bytes:  # characters first: a cheap bound
         raise ProtocolError("message_too_large", f"messages are limited to {max_bytes} bytes")
     try:
-        return json.loads(raw)
+        data = json.loads(raw)
     except (ValueError, RecursionError):
         raise ProtocolError("invalid_message", "the message is not valid JSON") from None
+    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(data):
+        raise ProtocolError("invalid_message", "the message has an unpaired UTF-16 surrogate escape (\\ud800-\\udfff)")
+    return data
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _has_lone_surrogate(data: Any) -> bool:
+    """True if a string anywhere in `data` holds an unpaired surrogate (JSON allows the escape;
+    UTF-8 cannot carry it, so echoing it back would break the socket's writer)."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def parse_client(raw: str | bytes, max_bytes: int, compat: bool = False) -> SessionStart | TextDelta | Bare | Ping:

@@ -1,0 +1,76 @@
+"""How `voxgate serve` runs uvicorn: a bound on request heads and on WebSocket frames.
+
+uvicorn's HTTP protocol waits forever for the head of a request (a client that sends half a
+header line holds its connection, and a few thousand such hold the server's descriptors);
+`HeadTimeoutProtocol` closes a connection whose request head has not fully arrived within
+`header_timeout_s` of the connection opening or of the previous response ending. (The body
+is bounded the same way by `RequestGate`.) WebSocket messages are limited to the gateway's
+own message limit at the frame parser, so a 16 MiB frame is refused before it is buffered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from voxgate.config import Settings
+
+WS_FRAME_SLACK = 1024  # the parser's limit sits just above the message limit, so the gateway says why
+
+
+class HeadTimeoutProtocol(H11Protocol):
+    """uvicorn's h11 protocol, with a deadline for each request head."""
+
+    head_timeout_s = 10.0  # set per server by `uvicorn_config`
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._arm()
+
+    def handle_events(self) -> None:
+        scope = self.scope
+        super().handle_events()
+        if self.scope is not scope:  # a request head arrived (uvicorn made its scope)
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm()  # the next request's head must come in time too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.close()
+
+
+def uvicorn_config(app: Any, settings: Settings, access_log: bool) -> uvicorn.Config:
+    """The uvicorn configuration `voxgate serve` runs with."""
+    protocol = type("HeadTimeoutProtocol", (HeadTimeoutProtocol,), {"head_timeout_s": settings.header_timeout_s})
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=access_log,
+        timeout_graceful_shutdown=10,
+        http=protocol,
+        ws_max_size=settings.ws_max_message_bytes + WS_FRAME_SLACK,
+    )
