@@ -17,6 +17,7 @@ loopback and on a LAN, not across NAT.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fractions
 import json
 import logging
@@ -32,8 +33,9 @@ from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
 from voxgate.agent.frames import FRAME_S, FRAME_SAMPLES, RATE, FrameQueue, Tick
+from voxgate.agent.sdp import check_offer, describe_error
 from voxgate.audio import Resampler, to_pcm16
-from voxgate.types import InvalidRequest
+from voxgate.types import InvalidRequest, InvalidSdp
 
 log = logging.getLogger(__name__)
 
@@ -309,13 +311,15 @@ class EventChannel:
 
 class PeerSession:
     """One call: the answering RTCPeerConnection, the agent's `outbound` track, the user's
-    `inbound` audio and the "events" channel. Make one with `await PeerSession.answer(...)`."""
+    `inbound` audio and the "events" channel. Make one with `await PeerSession.answer(...)`.
+    `connected` is set once ICE and DTLS are up; `closed` once the call is hung up."""
 
     def __init__(self, pc: RTCPeerConnection, inbound_rate: int = INBOUND_RATE) -> None:
         self.pc = pc
         self.outbound = OutboundAudio()
         self.inbound: InboundAudio | None = None
         self.events = EventChannel()
+        self.connected = asyncio.Event()
         self.closed = asyncio.Event()
         self._inbound_rate = inbound_rate
         self._closing = False
@@ -329,26 +333,34 @@ class PeerSession:
         cls, offer_sdp: str, offer_type: str = "offer", *, inbound_rate: int = INBOUND_RATE
     ) -> tuple[PeerSession, str, str]:
         """Answer an SDP offer (with all our ICE candidates in it: no trickle). Raises
-        `InvalidRequest` for an offer that is not SDP, cannot be applied, or sends no audio."""
+        `InvalidSdp` for an offer that is not SDP, cannot be applied or answered, or sends no
+        audio; whatever fails, the peer connection made for it is closed before this returns."""
         if offer_type != "offer":
             raise InvalidRequest(f"expected an SDP offer, got type {offer_type!r}")
-        if not offer_sdp.lstrip().startswith("v=0"):
-            raise InvalidRequest("the offer is not SDP (it must start with 'v=0')")
+        check_offer(offer_sdp)
         session = cls(RTCPeerConnection(RTCConfiguration(iceServers=[])), inbound_rate)
         try:
-            try:
-                await session.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
-            except Exception as exc:  # aiortc's parser raises many kinds on hostile input
-                raise InvalidRequest(f"the SDP offer could not be applied: {type(exc).__name__}: {exc}") from None
-            if session.inbound is None:
-                raise InvalidRequest("the offer sends no audio: it needs an audio section (sendrecv) for the mic")
-            session.pc.addTrack(session.outbound)
-            await session.pc.setLocalDescription(await session.pc.createAnswer())
+            await session._apply(offer_sdp)
         except BaseException:
             await session.close()
             raise
         local = session.pc.localDescription
         return session, local.sdp, local.type
+
+    async def _apply(self, offer_sdp: str) -> None:
+        # Any exception inside aiortc here comes from what the offer says: it is the client's
+        # error (400), never the server's (500).
+        try:
+            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+        except Exception as exc:
+            raise InvalidSdp(f"the SDP offer could not be applied: {describe_error(exc)}") from None
+        if self.inbound is None:
+            raise InvalidSdp("the offer sends no audio: it needs an audio section (sendrecv) for the mic")
+        try:
+            self.pc.addTrack(self.outbound)
+            await self.pc.setLocalDescription(await self.pc.createAnswer())
+        except Exception as exc:
+            raise InvalidSdp(f"the SDP offer could not be answered: {describe_error(exc)}") from None
 
     def send_event(self, event: dict[str, Any]) -> bool:
         """Send a JSON event to the peer (held until the channel opens); False if dropped."""
@@ -357,6 +369,13 @@ class PeerSession:
     def on_message(self, callback: Callable[[dict[str, Any]], None]) -> None:
         """Call `callback(event)` for each JSON object the peer sends."""
         self.events.on_message(callback)
+
+    async def wait_connected(self, timeout_s: float) -> bool:
+        """Whether the peer connected within `timeout_s` (False at once if it never can)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self.connected.wait()
+        return self.connected.is_set()
 
     async def close(self) -> None:
         """Hang up (idempotent): stop the tracks, close the connection, set `closed`."""
@@ -369,7 +388,7 @@ class PeerSession:
             if self.inbound is not None:
                 self.inbound.stop()
             self.outbound.stop()
-            await self.pc.close()
+            await close_peer(self.pc)
         finally:
             self.closed.set()
 
@@ -385,6 +404,34 @@ class PeerSession:
             log.info("ignoring data channel %r", channel.label)
 
     def _on_state(self) -> None:
+        if self.pc.connectionState == "connected":
+            self.connected.set()
         if self.pc.connectionState in ("failed", "closed") and not self._closing:
             log.info("peer connection %s", self.pc.connectionState)
             self._close_task = asyncio.get_running_loop().create_task(self.close())
+
+
+async def close_peer(pc: RTCPeerConnection) -> None:
+    """Close `pc` whatever state an offer left it in. aiortc's `close` stops at the first
+    transport it finds missing, which would leak the others (their UDP sockets and ICE tasks):
+    then every transport still there is stopped on its own. Never raises (but cancellation)."""
+    try:
+        await pc.close()
+        return
+    except Exception as exc:
+        log.info("closing a peer connection failed (%s); stopping its transports one by one", describe_error(exc))
+    for transport in _transports(pc):
+        try:
+            await transport.stop()
+        except Exception as exc:
+            log.info("stopping %s failed: %s", type(transport).__name__, describe_error(exc))
+
+
+def _transports(pc: RTCPeerConnection) -> list[Any]:
+    """What `pc.close` stops, in its order: the transceivers, then the DTLS transports and
+    their ICE transports (bundled media share them; a hostile offer can leave some None)."""
+    dtls = [t.receiver.transport for t in pc.getTransceivers()]
+    if pc.sctp is not None:
+        dtls.append(pc.sctp.transport)
+    found = [*pc.getTransceivers(), *dtls, *(d.transport for d in dtls if d is not None)]
+    return list({id(x): x for x in found if x is not None}.values())
