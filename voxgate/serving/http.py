@@ -13,8 +13,9 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from voxgate.audio import StreamEncoder, decode_wav, split_bytes
-from voxgate.engines.base import VoiceCloner
+from voxgate.audio import StreamEncoder, split_bytes
+from voxgate.audio_decode import decode_audio
+from voxgate.engines.base import Engine, VoiceCloner
 from voxgate.serving.protocol import SpeechBody, TTSStreamBody, VoiceUpload, error_of, parse_body
 from voxgate.serving.starter import StarterHit
 from voxgate.serving.state import ServerState, StreamPlan
@@ -23,6 +24,7 @@ from voxgate.text import check_text, count_units
 from voxgate.types import (
     AudioChunk,
     InvalidRequest,
+    NotFound,
     NotSupported,
     Timing,
     UnknownModel,
@@ -42,6 +44,11 @@ def state_of(request: Request) -> ServerState:
 
 def request_id_of(request: Request) -> str:
     return request.scope["state"]["request_id"]  # type: ignore[no-any-return]
+
+
+def client_of(request: Request) -> str:
+    """The client identity `RequestGate` stamped on the request (API key index, else address)."""
+    return str(request.scope["state"]["client_id"])
 
 
 def _json_body(model: type) -> dict[str, Any]:
@@ -65,6 +72,7 @@ async def tts_stream(request: Request) -> Response:
         seed=body.seed,
         priority=body.priority,
         request_id=request_id_of(request),
+        client=client_of(request),
     )
     return await open_stream(state, request, plan, endpoint="/tts/stream", sse=False)
 
@@ -89,44 +97,71 @@ async def audio_speech(request: Request) -> Response:
         speed=body.speed,
         instructions=body.instructions,
         request_id=request_id_of(request),
+        client=client_of(request),
     )
     return await open_stream(state, request, plan, endpoint="/v1/audio/speech", sse=body.stream_format == "sse")
 
 
 @router.get("/v1/voices")
 async def voices(request: Request) -> JSONResponse:
-    state = state_of(request)
+    """The voices this client may use: the server's and its own cloned ones."""
+    state, client = state_of(request), client_of(request)
     engine = state.require_engine()
-    listed = [_voice_json(v) for v in engine.voices()]
-    return JSONResponse({"voices": listed, "default": state.default_voice(), "aliases": state.settings.voice_aliases})
+    listed = [_voice_json(v) for v in engine.voices() if state.voice_owners.may_use(v.id, client)]
+    default = state.default_voice(client)
+    return JSONResponse({"voices": listed, "default": default, "aliases": state.settings.voice_aliases})
 
 
 @router.post("/v1/voices", status_code=201, openapi_extra=_json_body(VoiceUpload))
 async def add_voice(request: Request) -> JSONResponse:
-    """Clone a voice from reference audio (and its transcript for in-context cloning)."""
-    state = state_of(request)
+    """Clone a voice from reference audio (and its transcript for in-context cloning).
+
+    The id is claimed for this client before the audio is decoded (409 if another client
+    has it, 429 past the per-client cap); decoding and cloning run on a worker, which
+    settles the claim however they end, even if this request is abandoned meanwhile.
+    """
+    state, client = state_of(request), client_of(request)
     engine = state.require_engine()
     body = parse_body(VoiceUpload, await request.body())
     if not isinstance(engine, VoiceCloner):
         raise NotSupported(f"the {engine.name} engine cannot clone voices")
-    try:
-        wav = base64.b64decode(body.audio, validate=True)
-    except ValueError:
-        raise InvalidRequest("audio must be base64") from None
-    samples, rate = decode_wav(wav)
     if body.text is not None:
         check_text(body.text, state.settings.max_text_chars)
+    try:
+        audio = base64.b64decode(body.audio, validate=True)
+    except ValueError:
+        raise InvalidRequest("audio must be base64") from None
+    state.voice_owners.begin(body.id, client, engine_has_it=_engine_has(engine, body.id))
     loop = asyncio.get_running_loop()
-    info = await loop.run_in_executor(state.executor, engine.add_voice, body.id, samples, rate, body.text)
+    info = await loop.run_in_executor(state.executor, _register_voice, state, engine, body, audio)
     return JSONResponse(_voice_json(info), status_code=201)
+
+
+def _register_voice(state: ServerState, engine: Engine, body: VoiceUpload, audio: bytes) -> VoiceInfo:
+    """On a worker: decode (bounded, see voxgate/audio_decode.py), clone, settle the claim."""
+    try:
+        decoded = decode_audio(audio)
+        return engine.add_voice(body.id, decoded.samples, decoded.sample_rate, body.text)  # type: ignore[attr-defined]
+    finally:
+        state.voice_owners.end(body.id, engine_has_it=_engine_has(engine, body.id))
+
+
+def _engine_has(engine: Engine, voice_id: str) -> bool:
+    return any(v.id == voice_id for v in engine.voices())
 
 
 @router.delete("/v1/voices/{voice_id}", status_code=204)
 async def remove_voice(voice_id: str, request: Request) -> Response:
-    engine = state_of(request).require_engine()
+    """Forget one of this client's cloned voices; another client's is `not_found`, as an
+    unknown one, so that its existence is not revealed."""
+    state = state_of(request)
+    engine = state.require_engine()
     if not isinstance(engine, VoiceCloner):
         raise NotSupported(f"the {engine.name} engine cannot clone voices")
+    if not state.voice_owners.owns(voice_id, client_of(request)):
+        raise NotFound(f"no cloned voice {voice_id!r}")
     engine.remove_voice(voice_id)
+    state.voice_owners.forget(voice_id)
     return Response(status_code=204)
 
 

@@ -33,7 +33,10 @@ class VoiceUpload(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    audio: str = Field(description="base64 of a 16-bit PCM WAV file, 0.5-30 s")
+    audio: str = Field(
+        description="base64 of a recording, 0.5-30 s at 8-48 kHz: WAV (8/16/24/32-bit PCM or float), "
+        "FLAC, OGG (Vorbis/Opus), MP3, M4A/AAC, WebM or AIFF"
+    )
     text: str | None = Field(None, max_length=2000, description="transcript; enables in-context cloning")
 
 
