@@ -8,6 +8,7 @@ ticks the controller every `tick_s`, and each reply runs as its own task through
 `ReplyPipeline`, its audio tagged (trace id, segment) so the track reports what was played.
 STT runs on the server's executor. Every finished turn's trace goes to a JSONL file (if set)
 and to `/metrics` as `voxgate_agent_seconds{stage}` (from the end of the user's turn).
+Each reply's LLM request takes a slot of the server's fair LLM limiter as the call's `client`.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from voxgate.agent import vad as vad_events
 from voxgate.agent.capture import ReplyCapture
 from voxgate.agent.stt import Transcriber
 from voxgate.agent.vad import VAD_RATE, StreamingVad
-from voxgate.bridge.llm import Conversation, LLMClient, LLMConfig
+from voxgate.bridge.llm import Conversation, LLMClient
 from voxgate.bridge.pipeline import ChunkStream, ReplyPipeline
 from voxgate.bridge.segmenter import Segment, Segmenter
+from voxgate.serving.llm import llm_config
 from voxgate.serving.state import ServerState
 from voxgate.serving.stream import EngineStream
 from voxgate.types import SynthesisRequest, VoxgateError
@@ -81,8 +83,10 @@ class CallDriver:
         vad: StreamingVad,
         config: AgentConfig | None = None,
         controller: fsm.ControllerConfig | None = None,
+        client: str | None = None,  # who the limits count: the caller's API key index or address
     ) -> None:
         self.state, self.call_id, self.outbound, self.events = state, call_id, outbound, events
+        self.client = client or f"agent:{call_id}"
         self.transcriber, self.vad = transcriber, vad
         self.config = config or AgentConfig()
         conversation = Conversation(system=self.config.system, max_chars=self.config.history_chars)
@@ -181,10 +185,11 @@ class CallDriver:
         self._handle(fsm.Transcript(action.trace_id, action.part, text, at=time.perf_counter()))
 
     def _start_reply(self, action: fsm.StartReply) -> None:
-        base = self.state.llm_url()
         trace = action.trace_id
-        if base is None:
-            self._handle(fsm.LlmFailed(trace, "no LLM is configured", at=time.perf_counter()))
+        try:
+            config = llm_config(self.state, max_tokens=self.config.max_tokens, temperature=self.config.temperature)
+        except VoxgateError as exc:
+            self._handle(fsm.LlmFailed(trace, exc.message, at=time.perf_counter()))
             return
         engine = self.state.require_engine()
         voice = self.state.voice_plan(None, "pcm", None, None).request
@@ -198,15 +203,16 @@ class CallDriver:
 
         openers = self.state.starters.phrases(voice.voice) if self.state.settings.starter_cache else []
         pipeline = ReplyPipeline(synthesise, Segmenter(openers=openers))
-        llm = LLMClient(LLMConfig(base, max_tokens=self.config.max_tokens, temperature=self.config.temperature))
+        llm = LLMClient(config)
         task = asyncio.get_running_loop().create_task(self._speak(trace, pipeline, llm, list(action.messages)))
         self.replies[trace] = (pipeline, task)
 
     async def _speak(self, trace: str, pipeline: ReplyPipeline, llm: LLMClient, messages: list[dict]) -> None:
-        async def deltas() -> AsyncIterator[str]:
-            async for delta in llm.stream(messages):
-                self._handle(fsm.LlmDelta(trace, delta, at=time.perf_counter()))
-                yield delta
+        async def deltas() -> AsyncIterator[str]:  # in the pipeline's producer: a barge-in ends a wait too
+            async with self.state.llm_limiter.slot(self.client):
+                async for delta in llm.stream(messages):
+                    self._handle(fsm.LlmDelta(trace, delta, at=time.perf_counter()))
+                    yield delta
 
         first = True
         capture = ReplyCapture(self.config.capture_dir, trace) if self.config.capture_dir else None

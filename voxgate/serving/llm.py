@@ -1,42 +1,150 @@
 """`POST /v1/chat/completions`: the embedded LLM (or `VOXGATE_LLM_URL`'s server) behind
-voxgate's own gate (auth, body limit, metrics), streamed through unchanged."""
+voxgate's own gate (auth, body limit, metrics, the fair LLM limiter), streamed through.
+
+Every LLM call the server makes (this route, the bridge's replies, the voice agent's) takes a
+slot from `state.llm_limiter` first (see `serving/fair.py`): a client gets at most
+`llm_max_per_client` requests running, clients take turns for the `llm_max_concurrent` slots,
+and a request that cannot wait (`llm_max_waiting`, `llm_queue_timeout_s`) is refused with
+503 `busy`. `llm_config` is how those calls reach the LLM (the embedded one demands its
+per-process key). Errors say what failed (`llm_unavailable`, `llm_timeout`,
+`llm_bad_response`), never where: the LLM's address goes to the server log only.
+`GET /debug/llm` (admin) shows the limiter: requests running and waiting, and its limits.
+"""
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
 
 import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
+from starlette.types import Receive, Scope, Send
 
-from voxgate.serving.protocol import error_body
+from voxgate.bridge.llm import LLMConfig, LLMTimeout, LLMUnavailable
+from voxgate.serving.fair import Lease
 from voxgate.serving.state import ServerState
+from voxgate.types import VoxgateError
 
+log = logging.getLogger(__name__)
 router = APIRouter()
+_PASSED_THROUGH = (200, 400, 422)  # a reply, or the LLM's word on what is wrong with the request
+
+
+class LLMNotConfigured(VoxgateError):
+    status = 503
+    code = "llm_unavailable"
+
+
+def llm_config(state: ServerState, **options: Any) -> LLMConfig:
+    """How voxgate's own calls reach the LLM: its URL and, for the embedded one, its key."""
+    base = state.llm_url()
+    if base is None:
+        if state.llm_error:
+            raise LLMNotConfigured("the embedded LLM failed to start; the server log says why")
+        raise LLMNotConfigured("no LLM is configured (VOXGATE_LLM_EMBEDDED=false and no VOXGATE_LLM_URL)")
+    key = state.llm.api_key if state.llm is not None and not state.settings.llm_url else None
+    return LLMConfig(base, api_key=key, **options)
+
+
+async def llm_slot(state: ServerState, request: Request) -> Lease | None:
+    """An LLM slot for the request's client (raises `Busy`), or None if the client left while
+    waiting: its place in the queue is given up then, not when its turn comes."""
+    slot = asyncio.ensure_future(state.llm_limiter.acquire(request.scope["state"]["client_id"]))
+    gone = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        await asyncio.wait((slot, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        waiting = not slot.done()
+        if waiting:
+            slot.cancel()  # the waiter leaves the queue (or passes on a slot granted meanwhile)
+    if waiting:
+        return None
+    lease = slot.result()  # raises Busy
+    if gone.done() and not gone.cancelled():
+        lease.release()
+        return None
+    return lease
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the client has gone (the body was read already: nothing else arrives)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.voxgate
-    base = state.llm_url()
-    if base is None:
-        reason = state.llm_error or "no LLM is configured (VOXGATE_LLM_EMBEDDED=false and no VOXGATE_LLM_URL)"
-        return JSONResponse(error_body("llm_unavailable", reason), status_code=503)
-    client = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0))
-    upstream = client.build_request(
-        "POST", base.rstrip("/") + "/chat/completions", content=await request.body(),
-        headers={"content-type": "application/json"},
-    )  # fmt: skip
+    config = llm_config(state)
+    body = await request.body()
+    lease = await llm_slot(state, request)
+    if lease is None:
+        return Response(status_code=499)  # nobody is listening
     try:
-        response = await client.send(upstream, stream=True)
+        return await _relay(config, body, lease)
+    except BaseException:
+        lease.release()
+        raise
+
+
+@router.get("/debug/llm")
+async def llm_status(request: Request) -> JSONResponse:
+    """The LLM limiter now (admin only, like every `/debug/` path)."""
+    limiter = request.app.state.voxgate.llm_limiter
+    return JSONResponse({"active": limiter.active, "waiting": limiter.waiting, "max_active": limiter.max_active,
+                         "max_per_client": limiter.max_per_client, "max_waiting": limiter.max_waiting,
+                         "queue_timeout_s": limiter.timeout_s})  # fmt: skip
+
+
+async def _relay(config: LLMConfig, body: bytes, lease: Lease) -> Response:
+    http = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0))
+    url = config.base_url.rstrip("/") + "/chat/completions"
+    headers = {"content-type": "application/json"}
+    if config.api_key:
+        headers["authorization"] = f"Bearer {config.api_key}"
+    try:
+        upstream = await http.send(http.build_request("POST", url, content=body, headers=headers), stream=True)
     except httpx.TransportError as exc:
-        await client.aclose()
-        return JSONResponse(error_body("llm_unavailable", f"the LLM server is not reachable: {exc}"), status_code=502)
+        await http.aclose()
+        log.warning("LLM request to %s failed: %s: %s", url, type(exc).__name__, exc)
+        if isinstance(exc, httpx.TimeoutException):
+            raise LLMTimeout("the LLM server did not answer in time") from None
+        raise LLMUnavailable(f"cannot reach the LLM server ({type(exc).__name__})") from None
+    if upstream.status_code not in _PASSED_THROUGH:
+        text = (await upstream.aread()).decode(errors="replace")[:300]
+        await upstream.aclose()
+        await http.aclose()
+        log.warning("LLM request to %s failed: it answered %d: %s", url, upstream.status_code, text)
+        raise LLMUnavailable(f"the LLM server answered {upstream.status_code}")
+    return _Relayed(lease, upstream, http)
 
-    async def close() -> None:
-        await response.aclose()
-        await client.aclose()
 
-    return StreamingResponse(
-        response.aiter_raw(), status_code=response.status_code,
-        media_type=response.headers.get("content-type", "application/json"), background=BackgroundTask(close),
-    )  # fmt: skip
+class _Relayed(StreamingResponse):
+    """The LLM's answer streamed through as it comes; the slot and the upstream connection
+    are freed when it ends, fails, or the client leaves (closing the upstream connection
+    stops the LLM's generation too)."""
+
+    def __init__(self, lease: Lease, upstream: httpx.Response, http: httpx.AsyncClient) -> None:
+        self.lease, self.upstream, self.http = lease, upstream, http
+        media_type = upstream.headers.get("content-type", "application/json")
+        super().__init__(self._body(), status_code=upstream.status_code, media_type=media_type)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.lease.release()
+            with contextlib.suppress(Exception):
+                await self.upstream.aclose()
+                await self.http.aclose()
+
+    async def _body(self) -> Any:
+        try:
+            async for chunk in self.upstream.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as exc:  # the answer ends short; a stream's client sees no [DONE]
+            log.warning("LLM answer cut: %s: %s", type(exc).__name__, exc)

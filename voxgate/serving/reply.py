@@ -7,6 +7,11 @@ multipart, WebSocket) share.
 played from memory at once and the engine speaks only what follows it. `stop()` is barge-in;
 `ReplyDone.spoken` is the text that was handed out, or, when the client says how much it
 played (`played_ms`), the text it heard. Per-reply timings go to `/metrics` as well.
+
+The LLM request waits for a slot of the server's fair LLM limiter (`state.llm_limiter`) under
+the reply's `client` identity, held until the LLM has written its last word (the speech after
+it needs no LLM slot). HTTP takes it before the response starts (`hold`), so `busy` is a 503;
+otherwise the reply takes it as it starts, and a refusal ends it with a `busy` failure.
 """
 
 from __future__ import annotations
@@ -22,18 +27,15 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from voxgate.audio import StreamEncoder, split_bytes
-from voxgate.bridge.llm import LLMClient, LLMConfig
+from voxgate.bridge.llm import LLMClient
 from voxgate.bridge.pipeline import ChunkStream, ReplyPipeline, heard_text
 from voxgate.bridge.segmenter import Segment, Segmenter
+from voxgate.serving.fair import Lease
+from voxgate.serving.llm import llm_config
 from voxgate.serving.starter import StarterHit
 from voxgate.serving.state import ServerState
 from voxgate.serving.stream import EngineStream
 from voxgate.types import AudioChunk, SynthesisRequest, VoxgateError
-
-
-class LLMNotConfigured(VoxgateError):
-    status = 503
-    code = "llm_unavailable"
 
 
 class ReplyOptions(BaseModel):
@@ -86,21 +88,21 @@ class ReplyDone:
 
 
 class Reply:
-    """Admitted at construction (a stream slot, or a typed refusal); spoken by `events()`."""
+    """Admitted at construction (a stream slot, or a typed refusal); spoken by `events()`.
+    `client` is the identity the limits count (the API key's index, else the peer address)."""
 
     def __init__(
         self, state: ServerState, options: ReplyOptions, messages: list[dict[str, str]], t_in: float, client: str
     ) -> None:
-        base = state.llm_url()
-        if base is None:
-            raise LLMNotConfigured(state.llm_error or "no LLM is configured (VOXGATE_LLM_URL or VOXGATE_LLM_EMBEDDED)")
+        config = llm_config(state, max_tokens=options.max_tokens, temperature=options.temperature)
         self.state, self.options, self.messages, self.t_in, self.client = state, options, messages, t_in, client
         self.plan = state.voice_plan(options.voice, "pcm", None, options.language)
         self.engine = state.require_engine()
         voice = self.plan.request.voice
         openers = state.starters.phrases(voice) if state.settings.starter_cache else []
         self.pipeline = ReplyPipeline(self._synthesise, Segmenter(openers=openers), options.policy)
-        self.llm = LLMClient(LLMConfig(base, max_tokens=options.max_tokens, temperature=options.temperature))
+        self.llm = LLMClient(config)
+        self._lease: Lease | None = None  # the LLM slot, while held
         self.marks: dict[str, float] = {}
         self.spans: list[list[Any]] = []  # [text, seconds of audio handed out] per segment
         self.played_s: float | None = None  # how much the client said it played, at a stop
@@ -109,6 +111,10 @@ class Reply:
         state.limiter.acquire(client)  # last: nothing above may fail after the slot is taken
         state.metrics.active_streams.set(state.limiter.active)
         self._released = False
+
+    def hold(self, lease: Lease) -> None:
+        """An LLM slot taken for this reply before it starts (HTTP: before the response)."""
+        self._lease = lease
 
     def stop(self, played_ms: float | None = None) -> None:
         """Barge-in: the LLM stream and all synthesis stop now."""
@@ -133,7 +139,7 @@ class Reply:
         bytes_per_s = encoder.bytes_per_sample * self.plan.sample_rate
         current, status, error = -1, "client_disconnect", {}
         try:
-            async for segment, chunk in self.pipeline.run(self._stamped(self.llm.stream(self.messages))):
+            async for segment, chunk in self.pipeline.run(self._deltas()):
                 if segment.index != current:
                     current = segment.index
                     self.spans.append([segment.text, 0.0])
@@ -189,15 +195,24 @@ class Reply:
         self._play_end = max(self._play_end, now) + seconds
 
     def _release(self) -> None:
+        if self._lease is not None:
+            self._lease.release()
         if not self._released:
             self._released = True
             self.state.limiter.release(self.client)
             self.state.metrics.active_streams.set(self.state.limiter.active)
 
-    async def _stamped(self, deltas: AsyncIterator[str]) -> AsyncIterator[str]:
-        async for delta in deltas:
-            self.marks.setdefault("llm_first_token", time.perf_counter())
-            yield delta
+    async def _deltas(self) -> AsyncIterator[str]:
+        """The LLM's reply, written under an LLM slot (run by the pipeline's producer task,
+        so a stop cancels a wait for the slot as well as the stream)."""
+        if self._lease is None:
+            self._lease = await self.state.llm_limiter.acquire(self.client)
+        try:
+            async for delta in self.llm.stream(self.messages):
+                self.marks.setdefault("llm_first_token", time.perf_counter())
+                yield delta
+        finally:
+            self._lease.release()
 
     def _finish(self, status: str, error: dict[str, str]) -> ReplyDone:
         self._release()
