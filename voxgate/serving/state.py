@@ -14,10 +14,12 @@ from voxgate.audio import AudioFormat, check_output
 from voxgate.config import Settings
 from voxgate.engines.base import Engine, check_request, collect
 from voxgate.engines.registry import create_engine
+from voxgate.serving.auth import Authenticator
 from voxgate.serving.fair import FairLimiter
-from voxgate.serving.limits import StreamLimiter
+from voxgate.serving.limits import SessionCounter, StreamLimiter
 from voxgate.serving.metrics import Metrics
 from voxgate.serving.starter import StarterCache
+from voxgate.serving.voices import VoiceOwners
 from voxgate.serving.workers import EnginePool
 from voxgate.text import check_text, normalize_language
 from voxgate.types import (
@@ -52,9 +54,12 @@ class ServerState:
     ready: bool = False
     startup_error: str | None = None
     limiter: StreamLimiter = field(init=False)
+    auth: Authenticator = field(init=False)  # who a request is (voxgate.serving.auth)
+    sessions: SessionCounter = field(init=False)  # open WebSocket sessions per client
     executor: ThreadPoolExecutor = field(init=False)  # blocking work other than engine streams (STT, uploads)
     engine_pool: EnginePool = field(init=False)  # engine stream calls, most urgent first
     timings: deque[dict[str, Any]] = field(init=False)
+    voice_owners: VoiceOwners = field(init=False)  # who cloned each voice (serving/voices.py)
     llm: Any = None  # the embedded LLM (voxgate.bridge.embedded.EmbeddedLLM), when started
     llm_error: str | None = None  # why there is no LLM
     llm_limiter: FairLimiter = field(init=False)  # every LLM call's slot, fair across clients (serving/fair.py)
@@ -64,10 +69,14 @@ class ServerState:
         self.limiter = StreamLimiter(s.max_streams, s.max_streams_per_client)
         llm_slots = s.llm_max_concurrent or (s.llm_parallel if s.llm_embedded and not s.llm_url else 16)
         self.llm_limiter = FairLimiter(llm_slots, s.llm_max_per_client, s.llm_max_waiting, s.llm_queue_timeout_s)
+        self.metrics.active_streams.set_function(lambda: self.limiter.active)  # exact on every transport
+        self.auth = Authenticator(s.api_keys, s.admin_keys, s.auth_token_ttl_s)
+        self.sessions = SessionCounter(s.max_sessions_per_client)
         # one worker per possible stream, plus room for closing cancelled iterators
         self.executor = ThreadPoolExecutor(s.max_streams + 4, thread_name_prefix="voxgate-worker")
         self.engine_pool = EnginePool(s.max_streams + 4)  # sized for the engine once it is loaded
         self.timings = deque(maxlen=max(1, s.timings_kept))
+        self.voice_owners = VoiceOwners(s.max_voices_per_client)
 
     # ------------------------------------------------------------------ start-up
 
@@ -175,10 +184,18 @@ class ServerState:
             raise NotReady("the server is warming up; poll GET /healthz")
         return self.engine
 
-    def default_voice(self) -> str | None:
+    def default_voice(self, client: str | None = None) -> str | None:
+        """The configured default, else the first voice `client` may use (`None`: any voice)."""
+        if self.settings.default_voice:
+            return self.settings.default_voice
+        voices = self.voice_ids(client)
+        return voices[0] if voices else None
+
+    def voice_ids(self, client: str | None = None) -> list[str]:
+        """The engine's voices that `client` may use: its own cloned ones and the server's
+        (`client=None`, for internal callers: all of them)."""
         assert self.engine is not None  # internal invariant: called only once the engine exists
-        voices = self.engine.voices()
-        return self.settings.default_voice or (voices[0].id if voices else None)
+        return [v.id for v in self.engine.voices() if self.voice_owners.may_use(v.id, client)]
 
     def plan(
         self,
@@ -193,14 +210,16 @@ class ServerState:
         seed: int | None = None,
         priority: int = 0,
         request_id: str = "",
+        client: str | None = None,
     ) -> StreamPlan:
-        """Validate a request against the limits and the engine; raises typed errors."""
+        """Validate a request against the limits and the engine; raises typed errors.
+
+        `client` is the caller's identity: another client's cloned voice is `unknown_voice` to
+        it, exactly as a voice that does not exist. Every transport passes it; `None` (no
+        owner check) is for the server's own work."""
         engine = self.require_engine()
         check_text(text, self.settings.max_text_chars)
-        if voice is None or voice in self.settings.voice_aliases:
-            voice = self.default_voice()
-            if voice is None:
-                raise UnknownVoice("this engine has no voices yet; register one with POST /v1/voices")
+        voice = self._voice_for(client, voice)
         request = SynthesisRequest(
             text=text,
             voice=voice,
@@ -215,10 +234,25 @@ class ServerState:
         rate = check_output(fmt, sample_rate, engine.sample_rate)
         return StreamPlan(request, fmt, rate)  # type: ignore[arg-type]
 
-    def voice_plan(self, voice: str | None, fmt: str, sample_rate: int | None, language: str | None) -> StreamPlan:
+    def _voice_for(self, client: str | None, voice: str | None) -> str:
+        """The voice a request names (or the default), if `client` may use it. The refusal
+        lists only the client's voices, so it never reveals another client's."""
+        if voice is None or voice in self.settings.voice_aliases:
+            voice = self.default_voice(client)
+            if voice is None:
+                raise UnknownVoice("no voices yet that this client may use; register one with POST /v1/voices")
+        if client is not None:
+            usable = self.voice_ids(client)
+            if voice not in usable:
+                raise UnknownVoice(f"unknown voice {voice!r}; available: {', '.join(usable)}")
+        return voice
+
+    def voice_plan(
+        self, voice: str | None, fmt: str, sample_rate: int | None, language: str | None, client: str | None = None
+    ) -> StreamPlan:
         """`plan` for text that comes later (WebSocket sessions, bridge replies): checks the
         voice, language and output now; each segment's text replaces the placeholder."""
-        return self.plan(text="-", voice=voice, fmt=fmt, sample_rate=sample_rate, language=language)
+        return self.plan(text="-", voice=voice, fmt=fmt, sample_rate=sample_rate, language=language, client=client)
 
     def record_first_audio(self, endpoint: str, request_id: str, latency_s: float, opens_utterance: bool) -> None:
         """A WebSocket segment's first audio written: from the segment becoming speakable (its
@@ -245,7 +279,6 @@ class ServerState:
             m.errors.labels(timing.error_code).inc()
         m.audio_seconds.inc(timing.audio_s)
         m.engine_chunks.inc(timing.chunks_generated)
-        m.active_streams.set(self.limiter.active)
         entry = {
             "request_id": request_id,
             "t_req_in": round(time.time() - (time.perf_counter() - timing.t_req_in), 3),
