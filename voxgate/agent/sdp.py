@@ -50,7 +50,7 @@ def check_offer(sdp: str) -> SessionDescription:
 
 def describe_error(exc: BaseException) -> str:
     """An exception as one short line for an error message (hostile input makes long ones)."""
-    return _short(f"{type(exc).__name__}: {exc}")
+    return _short(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
 
 
 def _short(value: object) -> str:

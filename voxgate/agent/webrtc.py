@@ -371,7 +371,7 @@ class PeerSession:
         self.events.on_message(callback)
 
     async def wait_connected(self, timeout_s: float) -> bool:
-        """Whether the peer connected within `timeout_s` (False at once if it never can)."""
+        """Whether the peer connected (ICE and DTLS) within `timeout_s`."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
                 await self.connected.wait()
