@@ -2,13 +2,13 @@
 
 The text is phonemised once (espeak-ng, which is not thread-safe, so under a lock); each
 sentence is then one ONNX run and one chunk, and a sentence longer than `MAX_RUN_PHONEMES`
-several (cut after a comma, else between words). Cancellation takes effect between runs.
-A run's memory grows with its audio (measured on the packaged voice, with onnxruntime's
-arena: +21 MB for 50 phonemes, +71 MB for 100, +166 MB for 200, +356 MB for 400; 4,096
-characters without a full stop peaked at 6.5 GB), and the arena keeps its peak for the
-process's life, so the cap bounds both the engine's memory (`parallel` runs at once) and how
-long one run holds a turn that another stream's first chunk waits for (~0.9 s for 200
-phonemes on a 2-core machine).
+(fewer below speed 1, so a run stays ~10 s of audio) several, cut after a comma, else
+between words. Cancellation takes effect between runs. A run's memory grows with its audio
+(measured on the packaged voice, with onnxruntime's arena: +21 MB for 50 phonemes, +71 MB
+for 100, +166 MB for 200, +356 MB for 400; 4,096 characters without a full stop peaked at
+6.5 GB), and the arena keeps its peak for the process's life, so the cap bounds both the
+engine's memory (`parallel` runs at once) and how long one run holds a turn that another
+stream's first chunk waits for (~0.9 s for 200 phonemes on a 2-core machine).
 At most `parallel` ONNX runs go at once (FIFO): on a small CPU, running every stream's
 sentence together only makes all of them late, while taking turns keeps the earliest
 requests fast and the total throughput the same.
@@ -86,7 +86,8 @@ class PiperEngine:
         )
         with _ESPEAK_LOCK:
             sentences = [s for s in self._voice.phonemize(request.text) if s]
-        runs = [run for sentence in sentences for run in split_runs(sentence, MAX_RUN_PHONEMES)]
+        run_len = round(MAX_RUN_PHONEMES * min(1.0, request.speed))  # slower speech: more audio per phoneme
+        runs = [run for sentence in sentences for run in split_runs(sentence, run_len)]
         units_total = count_units(request.text)
         for seq, phonemes in enumerate(runs):
             if cancel.cancelled:
