@@ -278,7 +278,7 @@ def test_cancel_stops_the_piece_in_progress_and_starts_no_other():
 
     engine, got = asyncio.run(main())
     assert got == 25
-    assert len(engine.calls) <= 2  # ~16 units a piece: the second piece was in progress, no third began
+    assert len(engine.calls) <= 2  # 25-27 units a piece: at most the second piece had begun, no third
     assert engine.closed == len(engine.calls)
 
 
