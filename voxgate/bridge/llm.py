@@ -14,8 +14,10 @@ keeps the multi-turn history, recording of each assistant turn only what was act
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,11 +61,18 @@ class LLMConfig:
     max_tokens: int | None = None
 
 
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """One TLS context for every LLM connection: building one (loading the CA bundle) costs
+    ~60 ms of CPU, which every new httpx client (one per reply) would spend on the event loop."""
+    return httpx.create_ssl_context()
+
+
 class LLMClient:
     def __init__(self, config: LLMConfig, http: httpx.AsyncClient | None = None) -> None:
         self.config = config
-        self._http = http or httpx.AsyncClient(timeout=httpx.Timeout(config.idle_timeout_s,
-                                                                     connect=config.connect_timeout_s))  # fmt: skip
+        timeout = httpx.Timeout(config.idle_timeout_s, connect=config.connect_timeout_s)
+        self._http = http or httpx.AsyncClient(timeout=timeout, verify=tls_context())
         self._owns_http = http is None
 
     async def aclose(self) -> None:

@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from voxgate.bridge.llm import LLMConfig, LLMTimeout, LLMUnavailable
+from voxgate.bridge.llm import LLMConfig, LLMTimeout, LLMUnavailable, tls_context
 from voxgate.serving.fair import Lease
 from voxgate.serving.state import ServerState
 from voxgate.types import VoxgateError
@@ -101,7 +101,7 @@ async def llm_status(request: Request) -> JSONResponse:
 
 
 async def _relay(config: LLMConfig, body: bytes, lease: Lease) -> Response:
-    http = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0))
+    http = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0), verify=tls_context())
     url = config.base_url.rstrip("/") + "/chat/completions"
     headers = {"content-type": "application/json"}
     if config.api_key:
