@@ -72,8 +72,9 @@ async def llm_slot(state: ServerState, request: Request) -> Lease | None:
 
 async def _disconnected(receive: Receive) -> None:
     """Returns when the client has gone (the body was read already: nothing else arrives)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
+    with contextlib.suppress(Exception):  # a broken connection is gone too
+        while (await receive())["type"] != "http.disconnect":
+            pass
 
 
 @router.post("/v1/chat/completions")
