@@ -96,7 +96,7 @@ class Reply:
     ) -> None:
         config = llm_config(state, max_tokens=options.max_tokens, temperature=options.temperature)
         self.state, self.options, self.messages, self.t_in, self.client = state, options, messages, t_in, client
-        self.plan = state.voice_plan(options.voice, "pcm", None, options.language)
+        self.plan = state.voice_plan(options.voice, "pcm", None, options.language, client=client)
         self.engine = state.require_engine()
         voice = self.plan.request.voice
         openers = state.starters.phrases(voice) if state.settings.starter_cache else []
