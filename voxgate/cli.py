@@ -82,7 +82,7 @@ def cmd_say(args: argparse.Namespace) -> int:
     import numpy as np
 
     from voxgate.audio import check_output, resample, wav_bytes
-    from voxgate.engines.base import check_request
+    from voxgate.engines.base import check_request, stream_pieces
     from voxgate.engines.registry import create_engine
     from voxgate.text import check_text
     from voxgate.types import CancelToken, SynthesisRequest
@@ -97,7 +97,7 @@ def cmd_say(args: argparse.Namespace) -> int:
     check_request(engine, request)
     t0 = time.perf_counter()
     parts, first = [], None
-    for chunk in engine.stream(request, CancelToken()):
+    for chunk in stream_pieces(engine, request, CancelToken(), settings.max_piece_chars):
         first = first or chunk.t_ready - t0
         parts.append(chunk.samples)
     elapsed = time.perf_counter() - t0

@@ -78,7 +78,6 @@ def test_every_transport_speaks_long_text_in_bounded_pieces_as_one_stream(tone, 
     assert speak(tone, WORDS) == pcm16_bytes(whole)
 
 
-@pytest.mark.xfail(strict=True, reason="serving does not pass VOXGATE_MAX_PIECE_CHARS to EngineStream yet")
 def test_the_piece_length_setting_is_honoured():
     with ServerProcess("tone", env={"MAX_PIECE_CHARS": "100"}) as server:
         assert len(_http(server, "y" * 250)) == 3 * UNIT_BYTES  # pieces of 100, 100 and 50

@@ -253,12 +253,12 @@ def test_signalling_errors_are_typed() -> None:
                 assert "sdp" in error(await offer({"type": "offer"}), 400, "invalid_request")
                 assert "type" in error(await offer({"sdp": "v=0", "type": "answer"}), 400, "invalid_request")
                 error(await offer({"sdp": "v=0", "type": "offer", "extra": 1}), 400, "invalid_request")
-                assert "not SDP" in error(await offer({"sdp": "hello", "type": "offer"}), 400, "invalid_request")
+                assert "not SDP" in error(await offer({"sdp": "hello", "type": "offer"}), 400, "invalid_sdp")
                 broken = "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n"
                 assert "could not be applied" in error(await offer({"sdp": broken, "type": "offer"}), 400,
-                                                       "invalid_request")  # fmt: skip
+                                                       "invalid_sdp")  # fmt: skip
                 assert "no audio" in error(await offer({"sdp": await data_only_offer(), "type": "offer"}), 400,
-                                           "invalid_request")  # fmt: skip
+                                           "invalid_sdp")  # fmt: skip
                 error(await http.delete("/v1/agent/nope"), 404, "not_found")
                 assert len(app.state.agent_calls) == 0  # refused offers hold no slot
 

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import websockets
 
+from tests.integration.wsclient import Client
 from voxgate.bench.server import ServerProcess
 
 
@@ -26,44 +27,6 @@ def gateway() -> Iterator[ServerProcess]:
 
 def _ws(server: ServerProcess, path: str = "/v1/tts/ws", key: str = "k1") -> str:
     return server.url.replace("http://", "ws://") + path + (f"?api_key={key}" if key else "")
-
-
-class Client:
-    """A test client that records every message (audio headers joined to their bytes)."""
-
-    def __init__(self, ws: websockets.ClientConnection) -> None:
-        self.ws = ws
-        self.messages: list[dict] = []
-        self.units = 0
-
-    async def send(self, **message) -> None:
-        await self.ws.send(json.dumps(message))
-
-    async def words(self, text: str) -> None:
-        for word in text.split():
-            await self.send(type="text.delta", text=word + " ", first_unit_index=self.units)
-            self.units += 1
-
-    async def next(self, timeout: float = 10.0) -> dict:
-        message = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
-        if message["type"] == "audio" and "data" not in message:
-            payload = await asyncio.wait_for(self.ws.recv(), timeout)
-            assert isinstance(payload, bytes) and len(payload) == message["bytes"]
-            message["payload"] = payload
-        self.messages.append(message)
-        return message
-
-    async def until(self, kind: str, timeout: float = 10.0) -> dict:
-        while (message := await self.next(timeout))["type"] != kind:
-            pass
-        return message
-
-    def of(self, kind: str) -> list[dict]:
-        return [m for m in self.messages if m["type"] == kind]
-
-    async def start(self, **config) -> dict:
-        await self.send(type="session.start", **config)
-        return await self.next()
 
 
 def _covered(messages: list[dict]) -> list[int]:

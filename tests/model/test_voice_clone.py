@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import time
 
 import httpx
 import numpy as np
@@ -90,9 +89,8 @@ def test_clone_voice_over_http_then_speak_and_delete_it(base_server):
     created = _upload(base_server, "alice", _voice_audio())
     assert created.status_code == 201 and created.json()["id"] == "alice"
     assert [v["id"] for v in httpx.get(f"{url}/v1/voices").json()["voices"]] == ["alice"]
-    t0 = time.perf_counter()
-    assert _upload(base_server, "alice", _voice_audio()).status_code == 201  # unchanged: served from the cache
-    assert time.perf_counter() - t0 < 5
+    # unchanged: served from the cache (test_voice_store_computes_each_voice_once checks the store)
+    assert _upload(base_server, "alice", _voice_audio()).status_code == 201
     spoken = httpx.post(f"{url}/tts/stream", json={"text": "Cloned.", "voice": "alice", "seed": 1}, timeout=120)
     assert spoken.status_code == 200 and len(spoken.content) > 0 and len(spoken.content) % (1920 * 2) == 0
     assert httpx.delete(f"{url}/v1/voices/alice").status_code == 204
@@ -107,10 +105,10 @@ def test_clone_voice_over_http_then_speak_and_delete_it(base_server):
     [
         ({"id": "bad id!", "audio": "AAAA"}, "invalid_request"),
         ({"id": "x", "audio": "***not base64***"}, "invalid_request"),
-        ({"id": "x", "audio": base64.b64encode(b"RIFF....garbage").decode()}, "unsupported_format"),
+        ({"id": "x", "audio": base64.b64encode(b"RIFF....garbage").decode()}, "invalid_audio"),
         (
             {"id": "x", "audio": base64.b64encode(wav_bytes(np.zeros(1000, np.float32), 24000)).decode()},
-            "invalid_request",
+            "invalid_audio",
         ),
         ({"id": "x"}, "invalid_request"),
     ],

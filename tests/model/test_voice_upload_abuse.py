@@ -207,12 +207,6 @@ def test_a_client_keeps_at_most_max_voices_per_client(server):
     assert httpx.delete(f"{url}/v1/voices/cap-ok", headers=auth(key)).status_code == 204
 
 
-OWNER_CHECK_IN_SOCKETS = pytest.mark.xfail(
-    strict=True,
-    reason="voxgate/serving/ws.py and bridge_ws.py must pass the client to state.voice_plan (issue 16 voice risk)",
-)
-
-
 async def first_reply(server: ServerProcess, key: str, path: str, messages: list[dict], skip: str = "") -> dict:
     """Open a socket as `key`, send `messages`, and return the first reply that is not `skip`."""
     url = server.url.replace("http://", "ws://") + path
@@ -235,14 +229,12 @@ def alices_voice(server):
         httpx.delete(f"{server.url}/v1/voices/{voice}", headers=auth(key))
 
 
-@OWNER_CHECK_IN_SOCKETS
 def test_another_clients_voice_is_unknown_on_the_websocket_gateway(server, alices_voice):
     start = {"type": "session.start", "voice": alices_voice}
     reply = asyncio.run(first_reply(server, KEYS[1], "/v1/tts/ws", [start]))
     assert reply["type"] == "error" and reply["code"] == "unknown_voice", reply
 
 
-@OWNER_CHECK_IN_SOCKETS
 def test_another_clients_voice_is_unknown_on_the_bridge_socket(server, alices_voice):
     config = {"type": "config", "voice": alices_voice}
     reply = asyncio.run(first_reply(server, KEYS[1], "/v1/bridge/ws", [config], skip="ready"))

@@ -130,6 +130,17 @@ class ServerProcess:
         raise ServerError("server not ready in time:\n" + "\n".join(self.log))
 
     @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
+
+    def rss_bytes(self) -> int:
+        """The server process's resident memory now (Linux /proc)."""
+        with open(f"/proc/{self.pid}/status") as status:
+            kb = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+        return kb * 1024
+
+    @property
     def returncode(self) -> int | None:
         return None if self._proc is None else self._proc.poll()
 

@@ -112,8 +112,7 @@ class _Call:
             return
         rate = MessageRate(settings.ws_messages_per_s, settings.ws_message_burst)
         try:
-            plan = self.state.voice_plan(None, "pcm", None, None)
-            await self._send({"type": "ready", "sample_rate": plan.sample_rate})
+            await self._send({"type": "ready", "sample_rate": self.state.require_engine().sample_rate})
             while True:
                 frame = await ws.receive()
                 if frame["type"] == "websocket.disconnect":
@@ -149,7 +148,9 @@ class _Call:
     async def _apply(self, message: Config | User | Cancel | Bare) -> None:
         if isinstance(message, Config):
             options = ReplyOptions(**message.model_dump(exclude={"type", "system"}))
-            self.state.voice_plan(options.voice, "pcm", None, options.language)  # refused: nothing changes
+            self.state.voice_plan(
+                options.voice, "pcm", None, options.language, client=self.client.id
+            )  # refused: no change
             self.options = options
             if message.system is not None:
                 self.conversation.system = message.system or None

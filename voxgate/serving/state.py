@@ -75,6 +75,7 @@ class ServerState:
         # one worker per possible stream, plus room for closing cancelled iterators
         self.executor = ThreadPoolExecutor(s.max_streams + 4, thread_name_prefix="voxgate-worker")
         self.engine_pool = EnginePool(s.max_streams + 4)  # sized for the engine once it is loaded
+        self.engine_pool.max_piece_chars = s.max_piece_chars
         self.timings = deque(maxlen=max(1, s.timings_kept))
         self.voice_owners = VoiceOwners(s.max_voices_per_client)
 

@@ -28,7 +28,7 @@ import numpy as np
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from voxgate.engines.base import DEFAULT_MAX_PIECE_CHARS, Engine, stream_pieces
+from voxgate.engines.base import Engine, stream_pieces
 from voxgate.serving.workers import EnginePool
 from voxgate.types import AudioChunk, CancelToken, EngineFailure, SynthesisRequest, Timing, VoxgateError
 
@@ -69,7 +69,7 @@ class EngineStream:
         pool: EnginePool,
         on_closed: Callable[[], None] | None = None,
         start: bool = True,
-        max_piece_chars: int = DEFAULT_MAX_PIECE_CHARS,
+        max_piece_chars: int | None = None,
     ) -> None:
         self.token = CancelToken()
         self.generated = 0
@@ -80,7 +80,8 @@ class EngineStream:
         self._closing = False
         self._pool = pool
         self._loop = asyncio.get_running_loop()
-        self._iterator = stream_pieces(engine, request, self.token, max_piece_chars)
+        piece = max_piece_chars or pool.max_piece_chars  # the server's setting, carried by its pool
+        self._iterator = stream_pieces(engine, request, self.token, piece)
         self._finished = False
         self._deferred: Exception | None = None  # an engine failure after audio made in the same call
         self.exhausted = False  # the engine ran to its end (as opposed to being cancelled)

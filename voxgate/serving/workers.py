@@ -35,6 +35,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
+from voxgate.engines.base import DEFAULT_MAX_PIECE_CHARS
+
 HOLD_SLACK_S = 0.06  # a held call still starts this long (plus twice the longest recent call) before its deadline
 
 
@@ -45,6 +47,7 @@ class EnginePool(Executor):
         self.workers = workers
         self.batch_s = 0.0  # audio one stream call may make in a go (`EngineStream`); 0 = one chunk a call
         self.hold_s = 0.0  # calls with slack wait while streams keep starting this often; 0 = never
+        self.max_piece_chars = DEFAULT_MAX_PIECE_CHARS  # longest text one engine call gets (`EngineStream`)
         self._last_opened = float("-inf")  # when a stream's first call last arrived
         self._longest_call = 0.0  # seconds, decaying by a tenth a call
         self._name = name

@@ -195,7 +195,7 @@ class Gateway:
         if len(self.sessions) >= self.settings.ws_max_sessions:
             raise ProtocolError("too_many_sessions", f"the server holds {len(self.sessions)} sessions", fatal=True)
         fmt = {"pcm16": "pcm", "mulaw": "mulaw"}.get(start.format, start.format)
-        plan = self.state.voice_plan(start.voice, fmt, start.sample_rate, start.language)
+        plan = self.state.voice_plan(start.voice, fmt, start.sample_rate, start.language, client=client.id)
         self.state.sessions.open(client.id)  # TooManySessions: the socket stays open
         session_id = secrets.token_hex(16)  # 128 random bits; never listed to other clients
         s = self.settings
