@@ -112,7 +112,7 @@ class Settings(BaseSettings):
         0,
         ge=0,
         le=1024,
-        description="LLM requests in flight at once (chat and bridge); 0 = the embedded LLM's slots, else 16.",
+        description="LLM requests in flight at once (chat, bridge, agent); 0 = the embedded LLM's slots, else 16.",
     )
     llm_max_per_client: int = Field(2, ge=1, description="LLM requests in flight per client; more wait their turn.")
     llm_max_waiting: int = Field(32, ge=0, description="LLM requests that may wait for a slot before `busy`.")

@@ -66,7 +66,7 @@ class Agent:
         self.messages: list[dict[str, Any]] = []
         self.joined = asyncio.Event()
 
-    def __call__(self, session: PeerSession, call_id: str) -> Awaitable[None]:
+    def __call__(self, session: PeerSession, call_id: str, client: str = "") -> Awaitable[None]:
         self.session, self.call_id = session, call_id
         session.outbound.on_published = lambda *a: self.published.append(a)
         session.outbound.on_drained = lambda *a: self.drained.append(a)

@@ -3,7 +3,7 @@
 The offer body is `{"sdp": "...", "type": "offer"}` (what `RTCPeerConnection.createOffer()`
 gives, with its ICE candidates gathered: no trickle); the answer is `{"sdp", "type",
 "call_id"}`. The offerer opens the "events" data channel. Each call is a `PeerSession`,
-handed to `app.state.agent_factory(session, call_id)` (set by the agent's driver; without
+handed to `app.state.agent_factory(session, call_id, client_id)` (set by the agent's driver; without
 one, `greeting_agent` plays a short tone so the route can be tried end to end). A factory
 may return an awaitable: it runs as the call's task, cancelled when the peer hangs up, and
 the call is hung up when it returns. Calls are kept in `app.state.agent_calls`
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 MAX_CALLS = 8  # concurrent calls; each holds a peer connection, a VAD and a share of the engine
-AgentFactory = Callable[[PeerSession, str], Awaitable[None] | None]
+AgentFactory = Callable[[PeerSession, str, str], Awaitable[None] | None]  # (session, call id, client id)
 
 
 class OfferBody(BaseModel):
@@ -132,7 +132,7 @@ class AgentCalls:
         self.sessions[call_id] = session
         self._owners[call_id] = client_id
         try:
-            agent = factory(session, call_id)
+            agent = factory(session, call_id, client_id)  # the agent's LLM turns count against its client
         except BaseException:
             await self._end(call_id)
             raise
@@ -215,7 +215,7 @@ def greeting_tone() -> np.ndarray:
     return np.concatenate([0.3 * np.sin(2 * np.pi * f * t) * ramp for f in (440.0, 660.0)]).astype(np.float32)
 
 
-async def greeting_agent(session: PeerSession, call_id: str) -> None:
+async def greeting_agent(session: PeerSession, call_id: str, client: str = "") -> None:
     """The default agent: says hello with a tone and an event, then keeps the line open."""
     done = asyncio.Event()
     session.outbound.on_drained = lambda tag, t: done.set()
