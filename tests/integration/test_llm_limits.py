@@ -7,25 +7,19 @@ order, never as a latency). The last tests use the real embedded LLM (llama.cpp)
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
 import pytest
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
-from starlette.routing import Route
 from websockets.sync.client import connect
 
 from tests.conftest import wait_for
+from tests.integration.fake_llm import SlowLLM, serve_llm
 from voxgate.bench.server import ServerProcess
 
 KEYS = {"A": "key-a", "B": "key-b"}
@@ -33,70 +27,10 @@ ADMIN = "admin-key"
 INTERNAL = ("127.0.0.1:", "http://")  # nothing of the LLM's address may reach a client
 
 
-class SlowLLM:
-    """A stand-in LLM server (real HTTP on loopback, run in a thread): records the last user
-    message of each request as it arrives, then streams `tokens` words once the gate is open.
-    A user message starting with `fail` gets a 500 naming an internal address."""
-
-    def __init__(self, tokens: int = 5) -> None:
-        self.tokens = tokens
-        self.arrived: list[str] = []
-        self.hung_up: list[str] = []  # answers whose reader (voxgate) left mid-stream
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._gate: asyncio.Event | None = None
-
-    def hold(self) -> None:
-        self._call(lambda gate: gate.clear())
-
-    def release(self) -> None:
-        self._call(lambda gate: gate.set())
-
-    def _call(self, action) -> None:
-        assert self.loop is not None
-        done = threading.Event()
-        self.loop.call_soon_threadsafe(lambda: (action(self._gate), done.set()))
-        assert done.wait(10)
-
-    async def completions(self, request: Request):
-        if self._gate is None:
-            self.loop, self._gate = asyncio.get_running_loop(), asyncio.Event()
-            self._gate.set()
-        content = (await request.json())["messages"][-1]["content"]
-        self.arrived.append(content)
-        if content.startswith("fail"):
-            return JSONResponse({"error": "upstream http://10.9.8.7:9000 is down"}, status_code=500)
-        return StreamingResponse(self._answer(content), media_type="text/event-stream")
-
-    async def _answer(self, content: str):
-        finished = False
-        try:
-            yield ": opening\n\n"
-            assert self._gate is not None
-            await self._gate.wait()
-            for i in range(self.tokens):
-                yield "data: " + json.dumps({"choices": [{"delta": {"content": f"word{i}. "}}]}) + "\n\n"
-            yield "data: [DONE]\n\n"
-            finished = True
-        finally:
-            if not finished:
-                self.hung_up.append(content)
-
-
 @pytest.fixture(scope="module")
 def slow_llm() -> Iterator[tuple[SlowLLM, str]]:
-    llm = SlowLLM()
-    app = Starlette(routes=[Route("/v1/chat/completions", llm.completions, methods=["POST"])])
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    assert wait_for(lambda: server.started, timeout=30)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    httpx.post(url + "/chat/completions", json={"messages": [{"role": "user", "content": "warm"}]}, timeout=30)
-    yield llm, url
-    server.should_exit = True
-    thread.join(10)
+    with serve_llm(SlowLLM()) as (llm, url):
+        yield llm, url
 
 
 @pytest.fixture(scope="module")
