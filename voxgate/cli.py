@@ -146,6 +146,12 @@ def cmd_bench_agent(args: argparse.Namespace) -> int:
     return run_agent_bench(args)
 
 
+def cmd_bench_abuse(args: argparse.Namespace) -> int:
+    from voxgate.bench.abuse import run_abuse_bench
+
+    return run_abuse_bench(args)
+
+
 def cmd_bench_vad_stt(args: argparse.Namespace) -> int:
     from voxgate.bench.vad_stt import run_vad_stt_bench
 
@@ -256,6 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     agent = bench.add_parser("agent", help="voice-agent turns over a WebRTC call: end of turn -> first audio")
     add_agent_arguments(agent)
     agent.set_defaults(func=cmd_bench_agent)
+
+    from voxgate.bench.abuse import add_arguments as add_abuse_arguments
+
+    abuse = bench.add_parser("abuse", help="one client's floods vs another client's /healthz, audio and server memory")
+    add_abuse_arguments(abuse)
+    abuse.set_defaults(func=cmd_bench_abuse)
 
     from voxgate.bench.vad_stt import add_arguments as add_vad_stt_arguments
 
