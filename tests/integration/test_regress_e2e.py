@@ -27,11 +27,16 @@ def test_one_case_runs_as_a_real_call_and_is_judged_in_three_rings(tmp_path: Pat
     (reply,) = summary["replies"]
     assert reply["capture"] == "OK" and reply["trace_id"].startswith(case["call_id"])  # trace id + case id + seq
     assert reply["case_id"] == "endpoint_short_hello" and reply["reply_seq"] == 1
-    assert reply["mel_distance_db"] < 1.5 and abs(reply["drift_ratio"] - 1) < 0.02  # Opus costs little
+    # Opus costs little. The short reply counts ~57 speech frames (10 ms each), and a frame at a
+    # speech edge can count on either side after Opus: one frame moves the ratio by ~1.8%
+    # (0.9825-1.0179 measured); two allowed. A rate mismatch on the way (22.05/24 kHz) is 8%.
+    assert reply["mel_distance_db"] < 1.5 and abs(reply["drift_ratio"] - 1) < 0.05
+    # The probe hears it after the server publishes it. 2.3-3.8 s measured at load 5 on 2 cores;
+    # the bound only catches a reply that never comes (its latency is the e2e gates' business).
     assert (
-        500 < reply["eot_to_first_audio_ms"] < 10000
+        500 < reply["eot_to_first_audio_ms"] < 30000
         and reply["vad_end_to_published_ms"] < reply["eot_to_first_audio_ms"]
-    )  # the probe hears it after the server publishes it
+    )
     assert reply["llm_ttft_ms"] > 0 and reply["tts_first_to_publish_ms"] is not None
     status = {r.name: r.status for r in results}
     for gate in ("audio_valid_rate", "case_expectations", "pre_capture_coverage", "mel_distance", "clipping",
