@@ -14,6 +14,7 @@ import httpx
 import pytest
 import websockets
 
+from tests.conftest import metric
 from tests.integration.wsclient import Client
 from voxgate.bench.server import ServerProcess
 
@@ -170,7 +171,9 @@ def test_pacing_sends_audio_at_real_time(gateway):
             await c.until("utterance.done")
             return time.perf_counter() - t0
 
-    assert 0.8 <= asyncio.run(run()) <= 3.0  # 1.2 s of audio less the 0.2 s lead; not instant
+    # 1.2 s of audio less the 0.2 s lead: pacing holds it back at least that long (a busy machine
+    # can only make it later, so the bound cannot flake); the upper bound is only "not stuck".
+    assert 0.8 <= asyncio.run(run()) <= 30.0
 
 
 def test_resume_after_a_drop_replays_with_no_gap_and_no_duplicate(gateway):
@@ -247,9 +250,22 @@ def test_the_vllm_omni_message_names_work_on_the_compatibility_path(gateway):
 
 
 def test_a_client_that_stops_reading_is_warned_then_dropped_and_others_are_not_slowed():
+    """While one client's session is stuck behind its full send queue (warned, not yet dropped:
+    the 5 s grace is the stated tolerance, 50x what tone needs), another client is served in
+    full; then the stuck socket is dropped, and its session resumes."""
     env = {"TONE_UNIT_MS": "2000", "WS_SEND_QUEUE_BYTES": "65536", "WS_BACKPRESSURE_WARN_S": "0.3",
-           "WS_BACKPRESSURE_GRACE_S": "0.7", "MAX_STREAMS_PER_CLIENT": "64"}  # fmt: skip
+           "WS_BACKPRESSURE_GRACE_S": "5", "MAX_STREAMS_PER_CLIENT": "64"}  # fmt: skip
     with ServerProcess("tone", env=env) as server:
+
+        def count(name: str) -> float:
+            return metric(server, name, server.admin_headers())
+
+        async def until(predicate) -> None:
+            for _ in range(1200):  # 60 s: a deadline for a busy machine, not a measurement
+                if await asyncio.to_thread(predicate):
+                    return
+                await asyncio.sleep(0.05)
+            raise AssertionError("the server never got there")
 
         async def stalled() -> tuple[dict, list[dict]]:
             sock = socket.socket()
@@ -260,7 +276,7 @@ def test_a_client_that_stops_reading_is_warned_then_dropped_and_others_are_not_s
             await c.send(type="session.start", max_pending_units=1)
             started = await c.next()
             await c.words(" ".join(["word"] * 60))  # 2 minutes of audio, 5.8 MB
-            await asyncio.sleep(4.0)  # not reading
+            await until(lambda: count("voxgate_ws_sessions_detached") == 1)  # not reading until dropped
             with pytest.raises(websockets.ConnectionClosed):
                 while True:
                     await c.next()
@@ -271,15 +287,17 @@ def test_a_client_that_stops_reading_is_warned_then_dropped_and_others_are_not_s
                 c = Client(ws)
                 await c.send(type="session.start")
                 await c.next()
-                t0 = time.perf_counter()
                 await c.words("a quick one.")
                 await c.until("units.done")
-                return time.perf_counter() - t0
+                detached = count("voxgate_ws_sessions_detached")
+                await c.send(type="session.end")  # ended, so it is never counted as detached
+                await c.until("session.done")
+                return detached
 
         async def run() -> None:
             stalled_task = asyncio.create_task(stalled())
-            await asyncio.sleep(1.0)
-            assert await reader() < 1.0
+            await until(lambda: count('voxgate_errors_total{code="backpressure"}') >= 1)  # stuck and warned
+            assert await reader() == 0  # served in full while the stuck socket was still attached
             started, messages = await stalled_task
             async with websockets.connect(_ws(server, key="")) as ws:  # the session can be resumed
                 c = Client(ws)
