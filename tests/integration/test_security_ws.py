@@ -298,8 +298,8 @@ def test_websocket_streams_count_against_the_clients_limit_and_in_active_streams
         async def speaker() -> Client:
             ws = await websockets.connect(_url(server), additional_headers=_bearer(KEY_A))
             c = Client(ws)
-            await c.start(max_pending_units=40)
-            await c.words(" ".join(["long"] * 40))  # 40 chunks at 20 ms each
+            await c.start(max_pending_units=200)
+            await c.words(" ".join(["long"] * 150))  # 150 chunks at 20 ms: 3 s a session, 12 s in turn
             await c.send(type="text.end")
             return c
 
