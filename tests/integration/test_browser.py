@@ -38,7 +38,8 @@ def mic_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
     connects (the file starts with the capture, before the offer), the speech, then silence
     long enough for the whole reply."""
     engine = PiperEngine()
-    chunks = list(engine.stream(SynthesisRequest(text=QUESTION, voice=engine.voices()[0].id), CancelToken()))
+    request = SynthesisRequest(text=QUESTION, voice=engine.voices()[0].id, seed=0)  # no sampling noise: same every run
+    chunks = list(engine.stream(request, CancelToken()))
     speech = resample(np.concatenate([c.samples for c in chunks]), chunks[0].sample_rate, MIC_RATE)
     quiet = np.zeros(3 * MIC_RATE, dtype=np.float32)
     path = tmp_path_factory.mktemp("mic") / "question.wav"
