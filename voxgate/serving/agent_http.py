@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from voxgate.agent.webrtc import PeerSession
 from voxgate.config import Settings
+from voxgate.serving.openapi import errors, json_body
 from voxgate.serving.protocol import parse_body
 from voxgate.types import Busy, NotFound, TooManyCalls
 
@@ -49,6 +50,17 @@ class OfferBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     sdp: str = Field(min_length=1, max_length=60000)
     type: Literal["offer"]
+
+
+class Answer(BaseModel):
+    sdp: str
+    type: Literal["answer"]
+    call_id: str
+
+
+class HungUp(BaseModel):
+    call_id: str
+    closed: Literal[True]
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +239,18 @@ async def greeting_agent(session: PeerSession, call_id: str, client: str = "") -
     await session.closed.wait()
 
 
-@router.post("/v1/agent/offer")
+@router.post(
+    "/v1/agent/offer",
+    openapi_extra=json_body(OfferBody),
+    responses={
+        200: {"model": Answer},
+        **errors({
+            400: "invalid_request; invalid_sdp: an offer that is not usable SDP",
+            429: "too_many_calls: this client has VOXGATE_AGENT_MAX_CALLS_PER_CLIENT calls open",
+            503: "busy: the agent has VOXGATE_AGENT_MAX_CALLS calls open, or the offer could not be answered in time",
+        }),
+    },
+)  # fmt: skip
 async def agent_offer(request: Request) -> JSONResponse:
     """Answer a WebRTC offer: a new call with the agent."""
     body = parse_body(OfferBody, await request.body())
@@ -238,7 +261,10 @@ async def agent_offer(request: Request) -> JSONResponse:
     return JSONResponse({"sdp": sdp, "type": sdp_type, "call_id": call_id}, headers={"cache-control": "no-store"})
 
 
-@router.delete("/v1/agent/{call_id}")
+@router.delete(
+    "/v1/agent/{call_id}",
+    responses={200: {"model": HungUp}, **errors({404: "not_found: no such call of this client's"})},
+)
 async def agent_hang_up(call_id: str, request: Request) -> JSONResponse:
     """Hang up a call (the caller's own only)."""
     await agent_calls(request.app.state).hang_up(call_id, _client_id(request))

@@ -32,6 +32,7 @@ from voxgate.serving.bridge_ws import router as bridge_ws_router
 from voxgate.serving.http import router
 from voxgate.serving.llm import router as llm_router
 from voxgate.serving.metrics import Metrics
+from voxgate.serving.openapi import document_api
 from voxgate.serving.page import PAGE_PATHS
 from voxgate.serving.page import router as page_router
 from voxgate.serving.protocol import describe_validation, error_body
@@ -96,6 +97,7 @@ def create_app(
         app.include_router(agent_router)
         app.include_router(page_router)
     _install_error_handlers(app, state.metrics)
+    document_api(app, settings, _OPEN_PATHS, _ADMIN_PREFIX)
     app.add_middleware(RequestGate, settings=settings, metrics=state.metrics, auth=state.auth)
     return app
 
@@ -107,9 +109,9 @@ def error_response(exc: VoxgateError, metrics: Metrics) -> JSONResponse:
 
 
 def _install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
-    def plain(status: int, code: str, message: str) -> JSONResponse:
+    def plain(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
         metrics.errors.labels(code).inc()
-        return JSONResponse(error_body(code, message), status_code=status)
+        return JSONResponse(error_body(code, message), status_code=status, headers=headers)
 
     @app.exception_handler(VoxgateError)
     async def on_voxgate_error(_: Request, exc: VoxgateError) -> JSONResponse:
@@ -120,14 +122,31 @@ def _install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
         return plain(400, "invalid_request", describe_validation(list(exc.errors())))
 
     @app.exception_handler(StarletteHTTPException)
-    async def on_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return plain(exc.status_code, code, str(exc.detail))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # the router names one route's methods; a path may have several routes
+            headers["Allow"] = ", ".join(_allowed_methods(app.routes, request.url.path))
+        return plain(exc.status_code, code, str(exc.detail), headers)
 
     @app.exception_handler(Exception)
     async def on_bug(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
         return plain(500, "internal_error", "internal error; the server log has the details")
+
+
+def _allowed_methods(routes: list[Any], path: str) -> list[str]:
+    """Every method some route takes at `path`, for a 405's `Allow` (RFC 9110 15.5.6 requires
+    it). FastAPI keeps an included router's routes inside it (`original_router`); voxgate
+    includes its routers without a prefix, so their own path patterns apply as they are."""
+    methods: set[str] = set()
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            methods.update(_allowed_methods(inner.routes, path))
+        elif getattr(route, "methods", None) and route.path_regex.match(path):
+            methods.update(route.methods)
+    return sorted(methods)
 
 
 class RequestGate:

@@ -29,7 +29,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import Receive, Scope, Send
 
-from voxgate.serving.llm import llm_slot
+from voxgate.serving.llm import LLM_ERRORS, llm_slot
+from voxgate.serving.openapi import BINARY, errors, json_body, sse, streamed
 from voxgate.serving.protocol import parse_body
 from voxgate.serving.reply import AudioOut, Reply, ReplyDone, ReplyOptions, SegmentStarted
 from voxgate.serving.state import ServerState
@@ -50,7 +51,12 @@ class BridgeBody(ReplyOptions):
 
 class StopBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    played_ms: float | None = Field(None, ge=0)
+    played_ms: float | None = Field(None, ge=0, description="how much of the reply the client played")
+
+
+class Stopped(BaseModel):
+    stopped: str = Field(description="the reply's id")
+    spoken: str = Field(description="the text handed out, or with played_ms the text the listener heard")
 
 
 def replies(app_state: Any) -> dict[str, Reply]:
@@ -60,7 +66,33 @@ def replies(app_state: Any) -> dict[str, Reply]:
     return app_state.bridge_replies  # type: ignore[no-any-return]
 
 
-@router.post("/v1/bridge/stream")
+_EVENT = {
+    "type": "object",
+    "required": ["type"],
+    "properties": {"type": {"enum": ["segment", "audio", "done"]}},
+    "description": "segment {index, text, kind, trigger, cached}; audio {segment, data: base64 16-bit PCM}; "
+    "done {status, spoken, segments, dropped, queue_peak, triggers, starter_cached, timings_ms, code?, message?}",
+}
+
+
+@router.post(
+    "/v1/bridge/stream",
+    response_class=Response,
+    openapi_extra=json_body(BridgeBody),
+    responses={
+        200: streamed(
+            "the reply as it is spoken: server-sent events (segment, audio, done), or with "
+            "`Accept: multipart/mixed` the same as parts (JSON, and audio/L16 with X-Segment)",
+            {"text/event-stream": sse(_EVENT), "multipart/mixed": BINARY},
+            ("x-bridge-id", "x-sample-rate"),
+        ),
+        **errors({
+            400: "invalid_request, unknown_voice, unsupported_language",
+            429: "too_many_streams: this client has VOXGATE_MAX_STREAMS_PER_CLIENT streams open",
+            503: f"{LLM_ERRORS[503]}; busy: the server has VOXGATE_MAX_STREAMS streams open; not_ready",
+        }),
+    },
+)  # fmt: skip
 async def bridge_stream(request: Request) -> Response:
     state: ServerState = request.app.state.voxgate
     body = parse_body(BridgeBody, await request.body())
@@ -90,7 +122,14 @@ async def bridge_stream(request: Request) -> Response:
     return _ReplyResponse(reply, lambda: live.pop(reply_id, None), body_iter, media_type=media_type, headers=headers)
 
 
-@router.post("/v1/bridge/{reply_id}/stop")
+@router.post(
+    "/v1/bridge/{reply_id}/stop",
+    openapi_extra=json_body(StopBody, required=False),
+    responses={
+        200: {"model": Stopped},
+        **errors({400: "invalid_request: the body is not valid", 404: "not_found: no such reply is speaking"}),
+    },
+)
 async def bridge_stop(reply_id: str, request: Request) -> Response:
     """Barge-in: the reply's LLM stream and speech stop now; its stream ends with `done`."""
     raw = await request.body()

@@ -16,7 +16,29 @@ from fastapi.responses import JSONResponse, Response
 from voxgate.audio import StreamEncoder, split_bytes
 from voxgate.audio_decode import decode_audio
 from voxgate.engines.base import Engine, VoiceCloner
-from voxgate.serving.protocol import SpeechBody, TTSStreamBody, VoiceUpload, error_of, parse_body
+from voxgate.serving.openapi import (
+    ADMIN_ERRORS,
+    AUDIO_HEADERS,
+    BINARY,
+    SPEECH_EVENT,
+    TEXT,
+    errors,
+    json_body,
+    sse,
+    streamed,
+)
+from voxgate.serving.protocol import (
+    Healthy,
+    NotHealthy,
+    SpeechBody,
+    Timings,
+    TTSStreamBody,
+    VoiceList,
+    VoiceOut,
+    VoiceUpload,
+    error_of,
+    parse_body,
+)
 from voxgate.serving.starter import StarterHit
 from voxgate.serving.state import ServerState, StreamPlan
 from voxgate.serving.stream import AudioStreamResponse, DisconnectWatch, EngineStream, StreamOutcome
@@ -51,12 +73,34 @@ def client_of(request: Request) -> str:
     return str(request.scope["state"]["client_id"])
 
 
-def _json_body(model: type) -> dict[str, Any]:
-    """OpenAPI description of a body that the route parses itself."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+_SPEECH_ERRORS = {
+    413: "text_too_long: over VOXGATE_MAX_TEXT_CHARS; request_too_large: the body is over VOXGATE_MAX_REQUEST_BYTES",
+    429: "too_many_streams: this client has VOXGATE_MAX_STREAMS_PER_CLIENT streams open",
+    503: "busy: the server has VOXGATE_MAX_STREAMS streams open; not_ready: still warming up",
+}
+_NOT_READY = {503: "not_ready: the engine is still warming up"}
+_CLONING = "not_supported: this engine cannot clone voices"
 
 
-@router.post("/tts/stream", openapi_extra=_json_body(TTSStreamBody))
+@router.post(
+    "/tts/stream",
+    response_class=Response,
+    openapi_extra=json_body(
+        TTSStreamBody,
+        pcm={"text": "Hello there."},
+        wav={"text": "Hello there.", "format": "wav", "sample_rate": 16000},
+        mulaw={"text": "Hello there.", "format": "mulaw"},
+    ),
+    responses={
+        200: streamed(
+            "chunked audio: pcm (s16le mono), wav (a header of unknown length, then s16le) or mulaw (8 kHz)",
+            {"audio/pcm": BINARY, "audio/wav": BINARY, "audio/basic": BINARY},
+            AUDIO_HEADERS,
+        ),
+        **errors({400: "invalid_request, empty_text, unknown_voice, unsupported_format, unsupported_sample_rate, "
+                       "unsupported_language", **_SPEECH_ERRORS}),
+    },
+)  # fmt: skip
 async def tts_stream(request: Request) -> Response:
     """Stream speech for `text` as chunked audio (pcm16, wav or 8 kHz mu-law)."""
     state = state_of(request)
@@ -77,7 +121,26 @@ async def tts_stream(request: Request) -> Response:
     return await open_stream(state, request, plan, endpoint="/tts/stream", sse=False)
 
 
-@router.post("/v1/audio/speech", openapi_extra=_json_body(SpeechBody))
+@router.post(
+    "/v1/audio/speech",
+    response_class=Response,
+    openapi_extra=json_body(
+        SpeechBody,
+        wav={"model": "tts-1", "input": "Hello there.", "voice": "alloy"},
+        pcm={"model": "tts-1", "input": "Hello there.", "voice": "alloy", "response_format": "pcm"},
+        sse={"model": "tts-1", "input": "Hello there.", "voice": "alloy", "stream_format": "sse"},
+    ),
+    responses={
+        200: streamed(
+            "chunked audio (pcm: 24 kHz s16le mono; wav), or with stream_format sse the events "
+            "speech.audio.delta {audio: base64} and speech.audio.done {usage}",
+            {"audio/pcm": BINARY, "audio/wav": BINARY, "text/event-stream": sse(SPEECH_EVENT)},
+            AUDIO_HEADERS,
+        ),
+        **errors({400: "invalid_request, empty_text, unknown_model, unknown_voice, unsupported_format, "
+                       "unsupported_language", **_SPEECH_ERRORS}),
+    },
+)  # fmt: skip
 async def audio_speech(request: Request) -> Response:
     """OpenAI-compatible speech: chunked audio, or SSE with `stream_format: "sse"`."""
     state = state_of(request)
@@ -102,7 +165,7 @@ async def audio_speech(request: Request) -> Response:
     return await open_stream(state, request, plan, endpoint="/v1/audio/speech", sse=body.stream_format == "sse")
 
 
-@router.get("/v1/voices")
+@router.get("/v1/voices", responses={200: {"model": VoiceList}, **errors(_NOT_READY)})
 async def voices(request: Request) -> JSONResponse:
     """The voices this client may use: the server's and its own cloned ones."""
     state, client = state_of(request), client_of(request)
@@ -112,7 +175,22 @@ async def voices(request: Request) -> JSONResponse:
     return JSONResponse({"voices": listed, "default": default, "aliases": state.settings.voice_aliases})
 
 
-@router.post("/v1/voices", status_code=201, openapi_extra=_json_body(VoiceUpload))
+@router.post(
+    "/v1/voices",
+    status_code=201,
+    openapi_extra=json_body(VoiceUpload),
+    responses={
+        201: {"model": VoiceOut, "description": "the cloned voice"},
+        **errors({
+            400: f"invalid_request, empty_text, invalid_audio; {_CLONING}",
+            409: "voice_exists: the id is another client's, or one of the engine's own",
+            413: "text_too_long: the transcript is over VOXGATE_MAX_TEXT_CHARS; "
+                 "request_too_large: the body is over VOXGATE_MAX_VOICE_UPLOAD_BYTES",
+            429: "too_many_voices: this client keeps VOXGATE_MAX_VOICES_PER_CLIENT voices",
+            **_NOT_READY,
+        }),
+    },
+)  # fmt: skip
 async def add_voice(request: Request) -> JSONResponse:
     """Clone a voice from reference audio (and its transcript for in-context cloning).
 
@@ -150,7 +228,11 @@ def _engine_has(engine: Engine, voice_id: str) -> bool:
     return any(v.id == voice_id for v in engine.voices())
 
 
-@router.delete("/v1/voices/{voice_id}", status_code=204)
+@router.delete(
+    "/v1/voices/{voice_id}",
+    status_code=204,
+    responses=errors({400: _CLONING, 404: "not_found: no such voice of this client's", **_NOT_READY}),
+)
 async def remove_voice(voice_id: str, request: Request) -> Response:
     """Forget one of this client's cloned voices; another client's is `not_found`, as an
     unknown one, so that its existence is not revealed."""
@@ -169,7 +251,13 @@ def _voice_json(v: VoiceInfo) -> dict[str, Any]:
     return {"id": v.id, "engine": v.engine, "languages": list(v.languages), "description": v.description}
 
 
-@router.get("/healthz")
+@router.get(
+    "/healthz",
+    responses={
+        200: {"model": Healthy, "description": "ready"},
+        503: {"model": NotHealthy, "description": "starting (loading, warming up), or failed to start"},
+    },
+)
 async def healthz(request: Request) -> JSONResponse:
     state = state_of(request)
     if state.startup_error:
@@ -187,12 +275,16 @@ async def healthz(request: Request) -> JSONResponse:
     )
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": TEXT}}}},
+)
 async def metrics(request: Request) -> Response:
     return Response(state_of(request).metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-@router.get("/debug/timings")
+@router.get("/debug/timings", responses={200: {"model": Timings}, **errors(ADMIN_ERRORS)})
 async def timings(request: Request, last: int = Query(100, ge=0, le=100_000)) -> JSONResponse:
     """Server-side timings of the most recent streams (what `voxgate bench http` reads)."""
     kept = list(state_of(request).timings)

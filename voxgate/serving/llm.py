@@ -21,10 +21,12 @@ from typing import Any
 import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
 from voxgate.bridge.llm import LLMConfig, LLMTimeout, LLMUnavailable, tls_context
 from voxgate.serving.fair import Lease
+from voxgate.serving.openapi import ADMIN_ERRORS, errors, sse
 from voxgate.serving.state import ServerState
 from voxgate.types import VoxgateError
 
@@ -77,7 +79,39 @@ async def _disconnected(receive: Receive) -> None:
             pass
 
 
-@router.post("/v1/chat/completions")
+# voxgate does not read the body: the LLM judges it, and its 400/422 answers pass through.
+_CHAT_BODY = {
+    "type": "object",
+    "description": "an OpenAI chat completions request, passed to the LLM unchanged",
+    "properties": {
+        "model": {"type": "string"},
+        "messages": {"type": "array", "items": {"type": "object"}},
+        "stream": {"type": "boolean"},
+        "max_tokens": {"type": "integer"},
+        "temperature": {"type": "number"},
+    },
+    "required": ["messages"],
+}
+_LLM_ANSWER = {"application/json": {"schema": {"description": "the LLM's own answer"}}}
+LLM_ERRORS = {
+    502: "llm_unavailable: the LLM cannot be reached or failed; llm_timeout; llm_bad_response",
+    503: "llm_unavailable: no LLM is configured, or the embedded one failed to start; "
+    "busy: the LLM queue is full (VOXGATE_LLM_MAX_WAITING) or the request waited VOXGATE_LLM_QUEUE_TIMEOUT_S",
+}
+
+
+@router.post(
+    "/v1/chat/completions",
+    response_class=Response,
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _CHAT_BODY}}}},
+    responses={
+        200: {"description": "the LLM's answer, streamed through (`stream: true`: server-sent events)",
+              "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {"schema": sse()}}},
+        400: {"description": "the LLM's own answer to a request it refuses", "content": _LLM_ANSWER},
+        422: {"description": "the LLM's own answer to a request it refuses", "content": _LLM_ANSWER},
+        **errors(LLM_ERRORS),
+    },
+)  # fmt: skip
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.voxgate
     config = llm_config(state)
@@ -92,7 +126,16 @@ async def chat_completions(request: Request) -> Response:
         raise
 
 
-@router.get("/debug/llm")
+class LLMStatus(BaseModel):
+    active: int
+    waiting: int
+    max_active: int
+    max_per_client: int
+    max_waiting: int
+    queue_timeout_s: float
+
+
+@router.get("/debug/llm", responses={200: {"model": LLMStatus}, **errors(ADMIN_ERRORS)})
 async def llm_status(request: Request) -> JSONResponse:
     """The LLM limiter now (admin only, like every `/debug/` path)."""
     limiter = request.app.state.voxgate.llm_limiter

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from voxgate.audio import FORMATS, SAMPLE_RATES
 from voxgate.types import InvalidRequest, VoxgateError
 
 M = TypeVar("M", bound=BaseModel)
+
+# What `voxgate.text.check_text` accepts, for the OpenAPI description only (validation stays
+# in check_text, so its typed codes stay: `empty_text`, `text_too_long`, `invalid_request`):
+# not blank, no control characters but tab and newlines. `x-spoken-text` marks the field for
+# `voxgate.serving.openapi`, which sets `maxLength` to the server's VOXGATE_MAX_TEXT_CHARS.
+_CONTROL = r"\u0000-\u0008\u000B\u000C\u000E-\u001F\u007F-\u009F"
+SPOKEN_TEXT: dict[str, Any] = {
+    "minLength": 1,
+    "pattern": rf"^[^{_CONTROL}]*[^\s{_CONTROL}][^{_CONTROL}]*$",
+    "x-spoken-text": True,
+}
+_SPOKEN = "not blank; no control characters but tab and newlines, no lone surrogates; at most VOXGATE_MAX_TEXT_CHARS"
 
 
 class TTSStreamBody(BaseModel):
@@ -16,11 +29,13 @@ class TTSStreamBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    text: str
+    text: str = Field(description=_SPOKEN, json_schema_extra=SPOKEN_TEXT, examples=["Hello there."])
     voice: str | None = None
     language: str | None = None
-    format: str = "pcm"
-    sample_rate: int | None = None
+    format: str = Field("pcm", json_schema_extra={"enum": list(FORMATS)}, description="mulaw is 8 kHz only")
+    sample_rate: int | None = Field(
+        None, description=f"the engine's own rate by default; else one of {', '.join(map(str, SAMPLE_RATES))}"
+    )
     speed: float = Field(1.0, ge=0.25, le=4.0)
     instructions: str | None = Field(None, max_length=2000)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
@@ -35,9 +50,13 @@ class VoiceUpload(BaseModel):
     id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     audio: str = Field(
         description="base64 of a recording, 0.5-30 s at 8-48 kHz: WAV (8/16/24/32-bit PCM or float), "
-        "FLAC, OGG (Vorbis/Opus), MP3, M4A/AAC, WebM or AIFF"
+        "FLAC, OGG (Vorbis/Opus), MP3, M4A/AAC, WebM or AIFF",
+        json_schema_extra={"format": "byte"},
     )
-    text: str | None = Field(None, max_length=2000, description="transcript; enables in-context cloning")
+    text: str | None = Field(
+        None, max_length=2000, description=f"transcript; enables in-context cloning; {_SPOKEN}",
+        json_schema_extra=SPOKEN_TEXT,
+    )  # fmt: skip
 
 
 class VoiceRef(BaseModel):
@@ -51,17 +70,66 @@ class SpeechBody(BaseModel):
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    model: str
-    input: str
-    voice: str | VoiceRef
-    response_format: str = "wav"  # OpenAI's default is mp3, which voxgate does not encode
+    model: str = Field(description="tts-1, tts-1-hd, gpt-4o-mini-tts, voxgate or the engine's name", examples=["tts-1"])
+    input: str = Field(description=_SPOKEN, json_schema_extra=SPOKEN_TEXT, examples=["Hello there."])
+    voice: str | VoiceRef = Field(description="a voice id, or one of VOXGATE_VOICE_ALIASES", examples=["alloy"])
+    # OpenAI's default is mp3, which voxgate does not encode (`unsupported_format`)
+    response_format: str = Field("wav", json_schema_extra={"enum": ["pcm", "wav"]})
     speed: float = Field(1.0, ge=0.25, le=4.0)
     instructions: str | None = None
-    stream_format: str = "audio"
+    stream_format: str = Field("audio", json_schema_extra={"enum": ["audio", "sse"]})
 
     @property
     def voice_id(self) -> str:
         return self.voice if isinstance(self.voice, str) else self.voice.id
+
+
+# ------------------------------------------------------------------ responses (documentation)
+# The routes build their JSON themselves; these models describe it in /openapi.json.
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="stable and machine-readable (README: Error codes)")
+    message: str = Field(description="for people: what is wrong and, where it helps, what is accepted")
+    type: str = Field(description="the code again, for OpenAI SDKs' parsers")
+
+
+class ErrorBody(BaseModel):
+    """Every error voxgate answers, on every endpoint."""
+
+    error: ErrorDetail
+
+
+class VoiceOut(BaseModel):
+    id: str
+    engine: str
+    languages: list[str]
+    description: str
+
+
+class VoiceList(BaseModel):
+    voices: list[VoiceOut]
+    default: str | None = Field(description="the voice used when a request names none")
+    aliases: list[str] = Field(description="names that mean the default voice (OpenAI's voice names)")
+
+
+class Healthy(BaseModel):
+    status: Literal["ok"]
+    engine: str
+    sample_rate: int
+    active_streams: int
+
+
+class NotHealthy(BaseModel):
+    status: Literal["starting", "failed"]
+    error: str | None = Field(None, description="why start-up failed (status `failed` only)")
+
+
+class Timings(BaseModel):
+    timings: list[dict[str, Any]] = Field(
+        description="per stream: request_id, endpoint, status, and the server-side times "
+        "(t_req_in, ttfa_ms, total_ms, audio_s, rtf, chunks)"
+    )
 
 
 def error_body(code: str, message: str) -> dict[str, Any]:
