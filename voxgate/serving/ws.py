@@ -132,7 +132,7 @@ class Gateway:
                     if live is not None and live.socket is websocket:
                         self._reply(live, reply)
                     else:
-                        await websocket.send_text(json.dumps(reply))
+                        await _send_now(websocket, reply)
                 if live is not None and live.socket is not websocket:
                     break  # replaced by a resume on another socket, or dropped for backpressure
         except WebSocketDisconnect:
@@ -156,7 +156,7 @@ class Gateway:
             if live is not None and live.socket is websocket:
                 self._reply(live, reply)
             else:
-                await websocket.send_text(json.dumps(reply))
+                await _send_now(websocket, reply)
             return live
         if isinstance(message, SessionStart):
             if live is not None:
@@ -438,6 +438,17 @@ def _abort(websocket: WebSocket) -> None:
         abort()
     else:
         asyncio.get_running_loop().create_task(_close_quietly(websocket, 1013, "backpressure"))
+
+
+async def _send_now(websocket: WebSocket, reply: dict[str, Any]) -> None:
+    """A reply from the reader, on a socket with no session attached (nothing else writes to
+    it). The socket may have been closed while frames already read still waited for the reader:
+    by uvicorn itself (invalid UTF-8, an oversized frame) or by the session's writer (after
+    session.done). Sending then raises RuntimeError: the connection is over, not our failure."""
+    try:
+        await websocket.send_text(json.dumps(reply))
+    except RuntimeError:
+        raise WebSocketDisconnect(1006) from None
 
 
 async def _send_then_close(websocket: WebSocket, reply: dict[str, Any], code: int = 1008) -> None:

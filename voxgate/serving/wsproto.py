@@ -93,15 +93,25 @@ def decode_frame(raw: str | bytes | None, max_bytes: int) -> Any:
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins a valid pair into one character
 
 
 def _has_lone_surrogate(data: Any) -> bool:
-    """True if a string anywhere in `data` holds an unpaired surrogate (JSON allows the escape;
-    UTF-8 cannot carry it, so echoing it back would break the socket's writer)."""
-    try:
-        json.dumps(data, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return True
+    """True if a string anywhere in `data` (a key or a value) holds an unpaired surrogate (JSON
+    allows the escape; UTF-8 cannot carry it, so echoing it back would break the socket's
+    writer). Walked with a stack, not recursion: a frame may nest as deep as `json.loads`
+    allows, and re-encoding it recursively from a deeper frame raised RecursionError."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
     return False
 
 
@@ -111,7 +121,7 @@ def parse_client(raw: str | bytes, max_bytes: int, compat: bool = False) -> Sess
     if not isinstance(data, dict):
         raise ProtocolError("invalid_message", "a message is a JSON object with a 'type'")
     kind = data.get("type")
-    if compat and kind in _COMPAT:
+    if compat and isinstance(kind, str) and kind in _COMPAT:  # a list or object is unhashable
         data = _from_compat(data)
         kind = data["type"]
     if not isinstance(kind, str) or kind not in CLIENT_TYPES:
