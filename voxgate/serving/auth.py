@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from voxgate.types import Forbidden, TooManyStreams, Unauthorized
+from voxgate.types import Forbidden, RateLimited, Unauthorized
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 MAX_TOKENS = 10_000  # outstanding browser tokens, all clients together (oldest dropped first)
@@ -93,7 +93,7 @@ class Authenticator:
         self._expire()
         mine = [t for t, (owner, _) in self._tokens.items() if owner == client]
         if len(mine) >= MAX_TOKENS_PER_CLIENT:
-            raise TooManyStreams(f"at most {MAX_TOKENS_PER_CLIENT} unused tokens per client; use or let them expire")
+            raise RateLimited(f"at most {MAX_TOKENS_PER_CLIENT} unused tokens per client; use or let them expire")
         while len(self._tokens) >= MAX_TOKENS:
             self._tokens.popitem(last=False)
         token = secrets.token_urlsafe(32)

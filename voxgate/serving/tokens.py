@@ -31,7 +31,7 @@ class Token(BaseModel):
     "/v1/auth/token",
     responses={
         200: {"model": Token},
-        **errors({429: f"too_many_streams: this client holds {MAX_TOKENS_PER_CLIENT} unused tokens"}),
+        **errors({429: f"rate_limited: this client holds {MAX_TOKENS_PER_CLIENT} unused tokens"}),
     },
 )
 async def issue_token(request: Request) -> JSONResponse:
