@@ -1,0 +1,97 @@
+"""Stream slots waited for in turn, sessions per client, the message-rate bucket (serving/limits.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from voxgate.serving.limits import MessageRate, SessionCounter, StreamLimiter
+from voxgate.types import Busy, TooManySessions, TooManyStreams
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_acquire_refuses_at_the_client_and_server_limits():
+    limiter = StreamLimiter(max_streams=3, max_per_client=2)
+    limiter.acquire("a")
+    limiter.acquire("a")
+    with pytest.raises(TooManyStreams):
+        limiter.acquire("a")
+    limiter.acquire("b")
+    with pytest.raises(Busy):
+        limiter.acquire("c")
+    assert limiter.active == 3
+
+
+def test_waiters_are_served_in_turn_and_a_client_at_its_cap_blocks_no_one():
+    async def run() -> list[str]:
+        limiter = StreamLimiter(max_streams=2, max_per_client=1)
+        order: list[str] = []
+
+        async def take(client: str, name: str) -> None:
+            await limiter.wait(client)
+            order.append(name)
+
+        await limiter.wait("a")  # a holds its one slot
+        tasks = [asyncio.create_task(take(c, n)) for c, n in (("a", "a2"), ("a", "a3"), ("b", "b1"))]
+        await _settle()
+        assert order == ["b1"]  # a2 and a3 wait for a's slot; b is not held up behind them
+        limiter.release("b")
+        await _settle()
+        assert order == ["b1"] and limiter.waiting == 2  # b's slot cannot go to a (at its cap)
+        limiter.release("a")
+        await _settle()
+        limiter.release("a")
+        await _settle()
+        await asyncio.gather(*tasks)
+        return order
+
+    assert _run(run()) == ["b1", "a2", "a3"]
+
+
+def test_a_cancelled_wait_leaves_the_queue_and_gives_back_a_slot_granted_meanwhile():
+    async def run() -> None:
+        limiter = StreamLimiter(max_streams=1, max_per_client=1)
+        await limiter.wait("a")
+        waiting = asyncio.create_task(limiter.wait("b"))
+        await _settle()
+        waiting.cancel()
+        await _settle()
+        assert limiter.waiting == 0
+        granted = asyncio.create_task(limiter.wait("b"))
+        await _settle()
+        limiter.release("a")  # grants b ...
+        granted.cancel()  # ... just as its wait is cancelled
+        with pytest.raises(asyncio.CancelledError):
+            await granted
+        assert limiter.active == 0  # the slot came back
+
+    _run(run())
+
+
+def test_sessions_are_counted_per_client():
+    sessions = SessionCounter(max_per_client=2)
+    sessions.open("a")
+    sessions.open("a")
+    with pytest.raises(TooManySessions):
+        sessions.open("a")
+    sessions.open("b")
+    sessions.close("a")
+    sessions.open("a")
+    assert sessions.held("a") == 2 and sessions.held("b") == 1
+
+
+def test_the_message_rate_allows_a_burst_then_the_sustained_rate():
+    rate = MessageRate(per_s=10, burst=5)
+    assert all(rate.take(0.0) for _ in range(5))
+    assert not rate.take(0.0)
+    assert rate.take(0.1) and not rate.take(0.1)  # one token per 0.1 s
+    assert sum(rate.take(10.0) for _ in range(100)) == 5  # refills to the burst, no more
