@@ -165,20 +165,26 @@ def test_track_frames_have_continuous_pts_and_silence_when_empty() -> None:
 
 
 def test_flush_during_the_wait_silences_the_very_next_frame() -> None:
+    """The flush comes 5 ms into the 20 ms that `recv` sleeps until its frame's slot. A busy
+    machine can hold this coroutine past a slot (that `recv` then takes its frame at once,
+    without a wait), so the flush lands in the wait of a later `recv`: which one is read from
+    the frames published when it ran. Every frame taken after it is silence, none before."""
     track = OutboundAudio()
     track.enqueue(tone(1.0, RATE), RATE, "reply")
 
-    async def run() -> tuple[int, list]:
+    async def run() -> tuple[tuple[int, int], list]:
         await track.recv()
         loop = asyncio.get_running_loop()
-        dropped = loop.create_future()
-        loop.call_later(0.005, lambda: dropped.set_result(track.flush()))  # while recv sleeps
-        frames = [await track.recv() for _ in range(2)]
-        return await dropped, frames
+        flushed = loop.create_future()
+        loop.call_later(0.005, lambda: flushed.set_result((track.published, track.flush())))  # while recv sleeps
+        frames = [await track.recv() for _ in range(10)]
+        return await flushed, frames
 
-    dropped, frames = asyncio.run(run())
-    assert dropped == 49
-    assert not any(f.to_ndarray().any() for f in frames)
+    (published, dropped), frames = asyncio.run(run())
+    assert 1 <= published <= 10  # it came while one of these recv calls waited for its slot
+    assert dropped == 50 - published  # one second is 50 frames; those published before it stay out
+    loud = [bool(f.to_ndarray().any()) for f in frames]  # frames[i] is the frame published (i + 1)th
+    assert loud == [True] * (published - 1) + [False] * (11 - published)
 
 
 def test_a_failing_callback_does_not_stop_the_track() -> None:
