@@ -47,5 +47,5 @@ def test_a_client_that_stops_reading_is_dropped_and_its_slot_freed():
             next(pieces)  # read one piece, then stop reading
             assert wait_for(lambda: metric(server, 'voxgate_streams_cancelled_total{reason="send_timeout"}') == 1,
                             timeout=30)  # fmt: skip
-        assert wait_for(lambda: metric(server, "voxgate_active_streams") == 0)
+        assert wait_for(lambda: metric(server, "voxgate_active_streams") == 0, timeout=30)
         assert httpx.post(f"{server.url}/tts/stream", json={"text": "next client"}).status_code == 200
