@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import socket
 import threading
-from collections.abc import Iterator
+import time
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import uvicorn
 import websockets
@@ -283,6 +287,42 @@ class Transcript:
         if not reasons.get(self.close_code, False):  # type: ignore[arg-type]
             last = self.messages[-3:]
             self.problems.append(f"closed with {self.close_code} and no reason the protocol gives; last: {last}")
+
+
+# ---------------------------------------------------------------------- a time budget
+
+
+class Budget:
+    """One fuzzer's time budget. `@budget.each` (under `@given`): examples run until `seconds`
+    after the first; later ones pass unrun, so a slow machine runs a prefix of the same
+    examples rather than a longer suite, and `report()` warns how many were left out. Once an
+    example has failed every one runs (shrinking and the final replay must see the failure)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.skipped = 0
+        self._start: float | None = None
+        self._failed = False
+
+    def each(self, example: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(example)
+        def run(*args: Any, **kwargs: Any) -> None:
+            now = time.monotonic()
+            self._start = now if self._start is None else self._start
+            if not self._failed and now - self._start > self.seconds:
+                self.skipped += 1
+                return
+            try:
+                example(*args, **kwargs)
+            except BaseException:
+                self._failed = True
+                raise
+
+        return run
+
+    def report(self) -> None:
+        if self.skipped:
+            warnings.warn(f"{self.skipped} examples not run: over the {self.seconds:g} s budget", stacklevel=2)
 
 
 # ---------------------------------------------------------------------- a real stand-in LLM

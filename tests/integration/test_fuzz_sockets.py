@@ -35,6 +35,7 @@ from tests.integration.socket_fuzz import (
     BRIDGE_MESSAGES,
     OMNI_MESSAGES,
     TTS_MESSAGES,
+    Budget,
     Bystander,
     EchoLLM,
     Frame,
@@ -261,16 +262,20 @@ OUT_OF_ORDER = [  # always among the examples: text before session.start, after 
 
 @pytest.mark.parametrize("protocol", ["tts", "omni"])
 def test_the_tts_sockets_keep_their_protocol_under_any_message_sequence(target, protocol):
+    budget = Budget(40)
+
     @fuzz_settings(examples=120)
     @given(sent=sequences(protocol))
     @example(sent=OUT_OF_ORDER[0])
     @example(sent=OUT_OF_ORDER[1])
     @example(sent=OUT_OF_ORDER[2])
     @example(sent=OUT_OF_ORDER[3])
+    @budget.each
     def run(sent: list[Frame]) -> None:
         fuzz(target, protocol, sent)
 
     run()
+    budget.report()
 
 
 BRIDGE_OUT_OF_ORDER = [
@@ -287,27 +292,35 @@ BRIDGE_OUT_OF_ORDER = [
 
 
 def test_the_bridge_socket_keeps_its_protocol_under_any_message_sequence(target):
+    budget = Budget(40)
+
     @fuzz_settings(examples=120)
     @given(sent=sequences("bridge"))
     @example(sent=BRIDGE_OUT_OF_ORDER[0])
     @example(sent=BRIDGE_OUT_OF_ORDER[1])
     @example(sent=BRIDGE_OUT_OF_ORDER[2])
+    @budget.each
     def run(sent: list[Frame]) -> None:
         fuzz(target, "bridge", sent)
 
     run()
+    budget.report()
 
 
 @pytest.mark.parametrize("protocol", ["tts", "bridge"])
 def test_without_keys_or_an_llm_every_message_is_served_or_refused_in_type(bare, protocol):
+    budget = Budget(15)
+
     @fuzz_settings(examples=40)
     @given(sent=sequences(protocol))
     @example(sent=_m({"type": "user", "content": "is anyone there"}))
+    @budget.each
     def run(sent: list[Frame]) -> None:
         transcript = fuzz(bare, protocol, sent)
         assert not transcript.of("reply.start") or protocol != "bridge", "a reply with no LLM"
 
     run()
+    budget.report()
     bare.assert_unharmed()
 
 
@@ -328,14 +341,18 @@ def invalid_utf8(draw: st.DrawFn, protocol: str) -> Frame:
 
 @pytest.mark.parametrize("protocol", list(PATHS))
 def test_invalid_utf8_in_a_text_frame_closes_the_socket_with_1007(target, protocol):
+    budget = Budget(10)
+
     @fuzz_settings(examples=15)
     @given(opening=st.lists(frames(MESSAGES[protocol]), max_size=3), bad=invalid_utf8(protocol))
+    @budget.each
     def run(opening: list[Frame], bad: Frame) -> None:
         transcript = fuzz(target, protocol, [*opening, bad])
         if transcript.close_code != 1008:  # unless the opening frames closed it first (a fatal error)
             assert transcript.close_code == 1007, transcript.messages[-3:]
 
     run()
+    budget.report()
 
 
 UVICORN_LOGS_UTF8 = (
@@ -373,9 +390,12 @@ def test_huge_json_is_refused_in_type_and_past_the_frame_limit_by_the_protocol(t
     """Up to the message limit: parsed (and refused for what it says); up to the frame limit
     above it: `message_too_large`, the socket goes on; past that: closed with 1009."""
 
+    budget = Budget(10)
+
     @fuzz_settings(examples=15)
     @given(size=SIZES, char=st.sampled_from(["x", "é", "中", "😀"]), shape=st.sampled_from(["ping", "text", "array"]),
            in_session=st.booleans())  # fmt: skip
+    @budget.each
     def run(size: int, char: str, shape: str, in_session: bool) -> None:
         raw = _sized(size, char, shape)
         assert len(raw.encode()) == size
@@ -388,6 +408,7 @@ def test_huge_json_is_refused_in_type_and_past_the_frame_limit_by_the_protocol(t
             assert transcript.of("pong") and bool(too_large) == (size > MAX_MESSAGE)  # and the socket went on
 
     run()
+    budget.report()
 
 
 def _nested(depth: int, kind: str) -> str:
@@ -484,8 +505,11 @@ def test_a_resume_is_granted_only_to_the_owner_with_its_token(target, whose):
     bystander's session (another key's, even with its real token) it is `resume_not_available`,
     and the bystander goes on undisturbed (checked after the test). Then any messages."""
 
+    budget = Budget(15)
+
     @fuzz_settings(examples=8)
     @given(last=st.integers(-1, 7), then=st.lists(frames(TTS_MESSAGES), max_size=4))
+    @budget.each
     def run(last: int, then: list[Frame]) -> None:
         own, dropped_at = asyncio.run(_dropped_session(target))
         theirs = target.bystander.started if target.bystander else {}
@@ -508,3 +532,4 @@ def test_a_resume_is_granted_only_to_the_owner_with_its_token(target, whose):
             assert answer["type"] == "error" and answer["code"] == "resume_not_available", answer
 
     run()
+    budget.report()

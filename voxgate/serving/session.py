@@ -155,6 +155,7 @@ class Session:
 
     def end(self, now: float | None = None) -> None:
         """text.end: speak what is pending, then close the utterance."""
+        self._refuse_after_done()
         self.flush(now)
         self.open = self.ending = True
         self._maybe_finish_utterance()
@@ -170,6 +171,7 @@ class Session:
         """Stop the open utterance now; returns its number (the caller stops its engine stream).
         The open utterance's segments and unsent entries are the tails of the queue and the
         log, so a cancel costs what it removes, never the whole log."""
+        self._refuse_after_done()
         cancelled = self.utterance
         self._pending.clear()
         self._pending_chars = 0
@@ -183,6 +185,13 @@ class Session:
             self._log_bytes -= entry.size
         self._close_utterance("cancelled")
         return cancelled
+
+    def _refuse_after_done(self) -> None:
+        """session.done is logged, so the session is over: a cancel would remove it from the log
+        before it is sent (the tail of the log is the cancelled utterance's), and a text.end
+        would log an utterance.done after it."""
+        if self.done:
+            raise ProtocolError("utterance_ending", "the session has ended (session.end was sent)")
 
     # ------------------------------------------------------------------ synthesis
 
