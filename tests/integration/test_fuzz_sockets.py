@@ -278,6 +278,17 @@ def test_the_tts_sockets_keep_their_protocol_under_any_message_sequence(target, 
     budget.report()
 
 
+def test_a_cancel_or_text_end_after_session_end_leaves_session_done_last(target):
+    """Sent at once after session.end, they come before the writer has sent session.done: the
+    cancel removed it (the client never got it), the text.end logged an utterance.done after
+    it. Now both are refused (or, if they come after the close, dropped)."""
+    for late in ("cancel", "text.end"):
+        for _ in range(5):
+            transcript = fuzz(target, "tts", _m({"type": "session.start"}, {"type": "session.end"}, {"type": late}))
+            assert transcript.messages[-1]["type"] == "session.done" and transcript.close_code == 1000
+            assert all(e["code"] == "utterance_ending" for e in transcript.errors())  # unless it came after the close
+
+
 BRIDGE_OUT_OF_ORDER = [
     _m({"type": "cancel"}, {"type": "history"}, {"type": "reset"}, {"type": "cancel", "played_ms": 0}),
     _m(
