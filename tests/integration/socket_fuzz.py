@@ -122,7 +122,7 @@ BRIDGE_MESSAGES = st.one_of(
              language=st.one_of(st.none(), TEXT), policy=st.one_of(st.sampled_from(["block", "latest"]), TEXT),
              max_tokens=st.integers(0, 4097), temperature=st.floats(-1, 3) | st.floats(), pacing=st.booleans(),
              pacing_lead_ms=st.integers(-1, 10001)),
-    _message("user", content=st.one_of(WORDS, TEXT, WORDS.map(lambda w: "!" + w))),
+    _message("user", content=st.one_of(WORDS, TEXT, WORDS.map(lambda w: "!" + w))),  # "~": see LLM_JUNK
     _message("cancel", played_ms=st.one_of(st.none(), st.floats())),
     st.sampled_from(["reset", "history"]).map(lambda kind: {"type": kind}),
     PING,
@@ -330,7 +330,8 @@ class Budget:
 
 class EchoLLM:
     """An OpenAI-compatible streaming chat server on loopback (a thread): answers with the
-    first words of the last user message, a word per event; `!...` gets a 500."""
+    first words of the last user message, a word per event; `!...` gets a 500, and `~...` an
+    answer no model should write (a lone surrogate, control characters, an empty delta)."""
 
     def __init__(self) -> None:
         app = Starlette(routes=[Route("/v1/chat/completions", self._completions, methods=["POST"])])
@@ -354,6 +355,8 @@ class EchoLLM:
         if content.startswith("!"):
             return JSONResponse({"error": "refused"}, status_code=500)
         words = content.split()[:12] or ["nothing"]
+        if content.startswith("~"):
+            words = ["bad\ud800", "\x00nul\x1b[2J", "", "\u202eevil", "ok."]
         return StreamingResponse(self._events(words), media_type="text/event-stream")
 
     @staticmethod

@@ -84,7 +84,7 @@ class Target:
         assert httpx.get(self.server.url + "/healthz", timeout=30).status_code == 200
         lines = self._log_until_now()
         for n, line in enumerate(lines):
-            failed = "Traceback" in line or "Exception in ASGI application" in line
+            failed = any(sign in line for sign in ("Traceback", "Exception in ASGI application", "never retrieved"))
             if failed and not (n and any(a in lines[n - 1] for a in allowed)):
                 raise AssertionError("the server logged a traceback:\n" + "\n".join(lines[max(0, n - 2) : n + 30]))
 
@@ -316,6 +316,19 @@ def test_the_bridge_socket_keeps_its_protocol_under_any_message_sequence(target)
 
     run()
     budget.report()
+
+
+LLM_JUNK = (
+    "the LLM's text reaches the engine unchecked: a lone surrogate in it fails the tone engine (UnicodeEncodeError, "
+    "'engine stream failed' with a traceback); control characters reach it too. The fix belongs in "
+    "voxgate/serving/reply.py (clean each LLM delta before segmenting)"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=LLM_JUNK)
+def test_an_llm_answer_no_model_should_write_is_spoken_cleaned(target):
+    transcript = fuzz(target, "bridge", _m({"type": "user", "content": "~ write junk"}, {"type": "history"}))
+    assert transcript.of("done")[-1]["status"] == "completed"
 
 
 @pytest.mark.parametrize("protocol", ["tts", "bridge"])
