@@ -1,6 +1,7 @@
 """Property-based fuzzing of every client message of the WebSocket sockets (issue 16):
 `/v1/tts/ws`, its vLLM-Omni twin `/v1/audio/speech/stream` and `/v1/bridge/ws`, against a real
-`voxgate serve` (tone engine) over real sockets. What is sent is in `socket_fuzz.py`.
+`voxgate serve` (tone engine) over real sockets. What is sent is in
+`socket_fuzz.py`, how the answers are judged in `socket_check.py`.
 
 After every generated exchange: the server is alive and /healthz answers; every frame it sent
 is JSON with a known `type` (errors with `code`, `message`, `fatal`) or a binary frame its
@@ -19,43 +20,44 @@ import asyncio
 import contextlib
 import json
 import secrets
-import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
-import httpx
 import pytest
 import websockets
-from hypothesis import HealthCheck, currently_in_test_context, event, example, given, reject, settings
+from hypothesis import HealthCheck, example, given, reject, settings
 from hypothesis import strategies as st
 
 from tests.conftest import metric, wait_for
-from tests.integration.socket_fuzz import (
-    BRIDGE_MESSAGES,
-    OMNI_MESSAGES,
-    TTS_MESSAGES,
-    Budget,
+from tests.integration.socket_check import (
+    FRAME_LIMIT,
+    MAX_MESSAGE,
+    PATHS,
+    UVICORN_UTF8,
     Bystander,
     EchoLLM,
+    Target,
+    exchange,
+    fuzz,
+)
+from tests.integration.socket_fuzz import (
+    MESSAGES,
+    START,
+    TTS_MESSAGES,
+    Budget,
     Frame,
-    Transcript,
     as_frame,
     frames,
+    scripted,
+    sequences,
 )
 from voxgate.bench.server import ServerProcess
-from voxgate.serving.transport import WS_FRAME_SLACK
 
 FUZZ_KEY, CALM_KEY = "fuzz-key-3b9e1c", "calm-key-8d2f47"
-MAX_MESSAGE = 65536  # VOXGATE_WS_MAX_MESSAGE_BYTES (the default)
-FRAME_LIMIT = MAX_MESSAGE + WS_FRAME_SLACK  # larger frames are refused by the protocol (1009)
 RATE, BURST = 100, 1000  # VOXGATE_WS_MESSAGES_PER_S / _BURST: a flood of FLOOD messages is limited
 FLOOD = 3000  # unless the server took over (FLOOD - BURST) / RATE = 20 s to read them
 RSS_BOUND = 64 << 20
 RESUME_WINDOW_S = 1.0  # short: a fuzzed session left open ends soon after
-PATHS = {"tts": "/v1/tts/ws", "omni": "/v1/audio/speech/stream", "bridge": "/v1/bridge/ws"}
-UVICORN_UTF8 = "Invalid UTF-8 sequence received from client."
-LOG_MARK = "Invalid HTTP request received."  # uvicorn's warning for a request that is not HTTP
 
 
 def fuzz_settings(examples: int):
@@ -63,46 +65,7 @@ def fuzz_settings(examples: int):
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
 
 
-# ---------------------------------------------------------------------- the target
-
-
-@dataclass
-class Target:
-    """One fuzzed server, its bystander, and what the server was before the fuzzing."""
-
-    server: ServerProcess
-    bystander: Bystander | None
-    headers: dict[str, str]
-    rss_before: int
-
-    def url(self, protocol: str) -> str:
-        return self.server.url.replace("http://", "ws://") + PATHS[protocol]
-
-    def assert_unharmed(self, allowed: tuple[str, ...] = ()) -> None:
-        """Alive, /healthz answers, and no traceback logged (but one preceded by an `allowed` line)."""
-        assert self.server.returncode is None, "the server died:\n" + "\n".join(self.server.log)
-        assert httpx.get(self.server.url + "/healthz", timeout=30).status_code == 200
-        lines = self._log_until_now()
-        for n, line in enumerate(lines):
-            failed = any(sign in line for sign in ("Traceback", "Exception in ASGI application", "never retrieved"))
-            if failed and not (n and any(a in lines[n - 1] for a in allowed)):
-                raise AssertionError("the server logged a traceback:\n" + "\n".join(lines[max(0, n - 2) : n + 30]))
-
-    def _log_until_now(self) -> list[str]:
-        """The server's log lines not read before, up to now: a request that is not HTTP makes
-        uvicorn log a warning before it answers 400, so once that line is read, so is all before it."""
-        host, port = self.server.url.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port)), timeout=30) as sock:
-            sock.sendall(b"NOT HTTP\r\n\r\n")
-            sock.recv(1024)
-        lines: list[str] = []
-        deadline = time.monotonic() + 30
-        while not (lines and LOG_MARK in lines[-1]) and time.monotonic() < deadline:
-            while self.server.log and not (lines and LOG_MARK in lines[-1]):
-                lines.append(self.server.log.popleft())
-            time.sleep(0.005)
-        assert lines and LOG_MARK in lines[-1], "the server's log did not come"
-        return lines
+# ---------------------------------------------------------------------- the servers
 
 
 @contextlib.contextmanager
@@ -155,93 +118,14 @@ def target(keyed: Target) -> Iterator[Target]:
         keyed.bystander.check(since)
 
 
-# ---------------------------------------------------------------------- one exchange
-
-
-async def exchange(target: Target, protocol: str, sent: list[Frame], timeout: float = 120) -> Transcript:
-    """Send `sent` as fast as the socket takes them, then a `ping` sentinel; read everything
-    until its `pong` (and, on the bridge, every started reply's `done`) or the close."""
-    transcript = Transcript(protocol)
-    async with websockets.connect(target.url(protocol), additional_headers=target.headers, max_size=None) as ws:
-        reader = asyncio.create_task(transcript.read(ws))
-        sentinel, done = f"sentinel-{secrets.token_hex(4)}", []
-        try:
-            for frame in sent:
-                done.append(frame)
-                await frame.send(ws)
-            await ws.send(json.dumps({"type": "ping", "id": sentinel}))
-        except websockets.ConnectionClosed:
-            pass
-        try:
-            await asyncio.wait_for(_settled(transcript, sentinel), timeout)
-            if _session_open(transcript):  # end it, so every unit is accounted for
-                await _end_session(ws, transcript, timeout)
-        except TimeoutError:
-            transcript.problems.append(f"no answer and no close within {timeout} s (a hang)")
-        transcript.check_close(done, FRAME_LIMIT)
-        if protocol == "tts" and transcript.of("session.done"):
-            transcript.check_units()
-        transcript.left = not transcript.closed.is_set()
-    await asyncio.wait_for(reader, 30)
-    return transcript
-
-
-def _session_open(t: Transcript) -> bool:
-    return not t.closed.is_set() and bool(t.of("session.started")) and not t.of("session.done")
-
-
-async def _end_session(ws: websockets.ClientConnection, t: Transcript, timeout: float) -> None:
-    """`cancel` (a paced utterance of 4,000 characters would take minutes), then `session.end`:
-    session.done and a 1000 close must follow."""
-    with contextlib.suppress(websockets.ConnectionClosed):
-        await ws.send(json.dumps({"type": "cancel"}))
-        await ws.send(json.dumps({"type": "session.end"}))
-    await asyncio.wait_for(t.closed.wait(), timeout)
-
-
-async def _settled(t: Transcript, sentinel: str) -> None:
-    def settled() -> bool:
-        if t.closed.is_set():
-            return True
-        answered = any(m["type"] == "pong" and m.get("id") == sentinel for m in t.messages)
-        return answered and len(t.of("done")) >= len(t.of("reply.start"))
-
-    while not settled():
-        await asyncio.sleep(0.01)
-
-
-def fuzz(target: Target, protocol: str, sent: list[Frame]) -> Transcript:
-    """One exchange, then the per-example properties."""
-    transcript = asyncio.run(exchange(target, protocol, sent))
-    assert not transcript.problems, transcript.problems
-    target.assert_unharmed(allowed=(UVICORN_UTF8,))
-    if currently_in_test_context():  # what the examples reached, with --hypothesis-show-statistics
-        for kind in {m.get("code", m["type"]) for m in transcript.messages}:
-            event(kind)
-        event(f"closed {transcript.close_code}")
-    return transcript
-
-
-MESSAGES = {"tts": TTS_MESSAGES, "omni": OMNI_MESSAGES, "bridge": BRIDGE_MESSAGES}
-START = as_frame({"type": "session.start"})
-
-
-def sequences(protocol: str) -> st.SearchStrategy[list[Frame]]:
-    """A few frames, often after a valid session.start (so in-session paths get fuzzed)."""
-    opening = st.sampled_from([[], [START]] if protocol != "bridge" else [[]])
-    return st.tuples(opening, st.lists(frames(MESSAGES[protocol]), max_size=10)).map(lambda p: p[0] + p[1])
-
-
 # ---------------------------------------------------------------------- message sequences
 
 
-def _m(*messages: dict) -> list[Frame]:
-    return [as_frame(m) for m in messages]
-
-
 OUT_OF_ORDER = [  # always among the examples: text before session.start, after session.end, cancel with nothing open
-    _m({"type": "text.delta", "text": "early "}, {"type": "text.end"}, {"type": "cancel"}, {"type": "session.end"}),
-    _m(
+    scripted(
+        {"type": "text.delta", "text": "early "}, {"type": "text.end"}, {"type": "cancel"}, {"type": "session.end"}
+    ),
+    scripted(
         {"type": "session.start"},
         {"type": "text.delta", "text": "one two "},
         {"type": "session.end"},
@@ -249,8 +133,10 @@ OUT_OF_ORDER = [  # always among the examples: text before session.start, after 
         {"type": "cancel"},
         {"type": "session.start"},
     ),
-    _m({"type": "session.start"}, {"type": "cancel"}, {"type": "cancel"}, {"type": "text.end"}, {"type": "text.end"}),
-    _m(
+    scripted(
+        {"type": "session.start"}, {"type": "cancel"}, {"type": "cancel"}, {"type": "text.end"}, {"type": "text.end"}
+    ),
+    scripted(
         {
             "type": "session.start",
             "resume": {"session_id": "0" * 32, "resume_token": "x", "last_unit_index_received": 0},
@@ -284,21 +170,23 @@ def test_a_cancel_or_text_end_after_session_end_leaves_session_done_last(target)
     it. Now both are refused (or, if they come after the close, dropped)."""
     for late in ("cancel", "text.end"):
         for _ in range(5):
-            transcript = fuzz(target, "tts", _m({"type": "session.start"}, {"type": "session.end"}, {"type": late}))
+            transcript = fuzz(
+                target, "tts", scripted({"type": "session.start"}, {"type": "session.end"}, {"type": late})
+            )
             assert transcript.messages[-1]["type"] == "session.done" and transcript.close_code == 1000
             assert all(e["code"] == "utterance_ending" for e in transcript.errors())  # unless it came after the close
 
 
 BRIDGE_OUT_OF_ORDER = [
-    _m({"type": "cancel"}, {"type": "history"}, {"type": "reset"}, {"type": "cancel", "played_ms": 0}),
-    _m(
+    scripted({"type": "cancel"}, {"type": "history"}, {"type": "reset"}, {"type": "cancel", "played_ms": 0}),
+    scripted(
         {"type": "user", "content": "hello there"},
         {"type": "user", "content": "barge in"},
         {"type": "cancel"},
         {"type": "cancel"},
         {"type": "history"},
     ),
-    _m({"type": "config", "voice": "nobody"}, {"type": "user", "content": "still the old voice"}),
+    scripted({"type": "config", "voice": "nobody"}, {"type": "user", "content": "still the old voice"}),
 ]
 
 
@@ -327,7 +215,7 @@ LLM_JUNK = (
 
 @pytest.mark.xfail(strict=True, reason=LLM_JUNK)
 def test_an_llm_answer_no_model_should_write_is_spoken_cleaned(target):
-    transcript = fuzz(target, "bridge", _m({"type": "user", "content": "~ write junk"}, {"type": "history"}))
+    transcript = fuzz(target, "bridge", scripted({"type": "user", "content": "~ write junk"}, {"type": "history"}))
     assert transcript.of("done")[-1]["status"] == "completed"
 
 
@@ -337,7 +225,7 @@ def test_without_keys_or_an_llm_every_message_is_served_or_refused_in_type(bare,
 
     @fuzz_settings(examples=40)
     @given(sent=sequences(protocol))
-    @example(sent=_m({"type": "user", "content": "is anyone there"}))
+    @example(sent=scripted({"type": "user", "content": "is anyone there"}))
     @budget.each
     def run(sent: list[Frame]) -> None:
         transcript = fuzz(bare, protocol, sent)
@@ -498,7 +386,9 @@ def test_a_flood_of_any_message_is_rate_limited_then_closed(target, name):
 
 def test_a_flood_of_user_turns_interrupts_each_reply_and_every_reply_ends(target):
     """Turns below the rate limit, each barging into the last: every reply started is done."""
-    transcript = fuzz(target, "bridge", _m(*[{"type": "user", "content": f"turn {n} says hello"} for n in range(150)]))
+    transcript = fuzz(
+        target, "bridge", scripted(*[{"type": "user", "content": f"turn {n} says hello"} for n in range(150)])
+    )
     assert len(transcript.of("done")) == len(transcript.of("reply.start")) > 0
     assert not transcript.errors()
 

@@ -11,7 +11,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.integration.socket_fuzz import Transcript
+from tests.integration.socket_check import Transcript
 from voxgate.serving.session import Segment, Session
 from voxgate.serving.wsproto import ProtocolError, SessionStart, TextDelta
 
