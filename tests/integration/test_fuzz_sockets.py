@@ -7,11 +7,13 @@ After every generated exchange: the server is alive and /healthz answers; every 
 is JSON with a known `type` (errors with `code`, `message`, `fatal`) or a binary frame its
 header announced; it closed the socket only for a reason the protocol gives (a fatal error,
 session.done, a frame over the limit, invalid UTF-8), never for a non-fatal error; its log
-holds no traceback. After every test: a bystander on another key, speaking all along, got
-every unit it sent and no error; every fuzzed session has ended; the server's RSS is within
-`RSS_BOUND` of what it was before the fuzzing.
+holds no traceback; a TTS session left open is ended (cancel, session.end) and every unit it
+took is accounted for by `units.done` and `utterance.done`. After every test: a bystander on
+another key, speaking all along, got every unit it sent and no error. After the module: every
+fuzzed session has ended and the server's RSS is within `RSS_BOUND` of what it was before.
 
-Deterministic: `derandomize=True`, no example database, a fixed number of examples each.
+Deterministic: `derandomize=True`, no example database, a fixed number of examples each (and
+a time budget per test: a slow machine runs a prefix of them, with a warning).
 """
 
 from __future__ import annotations
