@@ -35,8 +35,8 @@ def test_the_bridge_client_streams_a_reply_from_the_embedded_llm(llm_server):
 
 def test_the_openai_sdk_works_against_it(llm_server):
     client = openai.OpenAI(base_url=llm_server.url + "/v1", api_key="k1")
-    stream = client.chat.completions.create(
-        model="smollm2", messages=[{"role": "user", "content": "Say hi."}], max_tokens=8, stream=True
+    stream = client.chat.completions.create(  # temperature 0: llama.cpp would sample with a random seed
+        model="smollm2", messages=[{"role": "user", "content": "Say hi."}], max_tokens=8, temperature=0, stream=True
     )
     assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices).strip()
 
