@@ -44,7 +44,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from voxgate.runtime import loop_name
     from voxgate.serving.app import create_app
     from voxgate.serving.auth import redact_secrets
-    from voxgate.serving.transport import uvicorn_config
+    from voxgate.serving.transport import quiet_client_faults, uvicorn_config
 
     settings = _settings(args, warmup=False if args.no_warmup else None)
     _logging(settings.log_level)
@@ -70,6 +70,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = uvicorn_config(app, settings, access_log=args.access_log)
     redact_secrets()  # after uvicorn set up its loggers: no key or token in a log line
+    quiet_client_faults()
     server = Server(config)
     server.run()
     if fatal:

@@ -75,6 +75,15 @@ def check_text(text: str, max_chars: int) -> None:
     check_characters(text)
 
 
+_UNSPEAKABLE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def speakable(text: str) -> str:
+    """Text from a source that cannot be refused (an LLM's reply) with what `check_characters`
+    refuses replaced by spaces, so it can be spoken."""
+    return _UNSPEAKABLE.sub(" ", text)
+
+
 def check_characters(text: str) -> None:
     """Reject control characters (but tab and newlines) and lone surrogates: an engine cannot
     speak them and some (NUL) break engines' text front-ends."""

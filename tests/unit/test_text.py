@@ -33,3 +33,17 @@ def test_whitespace_has_no_units():
 )
 def test_normalize_language(given, expected):
     assert normalize_language(given) == expected
+
+
+def test_speakable_replaces_exactly_what_check_characters_refuses():
+    import unicodedata
+
+    from voxgate.text import check_characters, speakable
+
+    refused = "".join(
+        chr(c) for c in range(0x110000) if chr(c) not in "\t\n\r" and unicodedata.category(chr(c)) in ("Cc", "Cs")
+    )
+    assert speakable(refused) == " " * len(refused)
+    kept = "Tab\tnew\nline\r 你好 🙂 e\u0301"
+    assert speakable(kept) == kept
+    check_characters(speakable("a\x00b\ud800c\x85d"))

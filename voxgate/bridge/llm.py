@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from voxgate.text import speakable
 from voxgate.types import VoxgateError
 
 log = logging.getLogger(__name__)
@@ -80,14 +81,16 @@ class LLMClient:
             await self._http.aclose()
 
     async def stream(self, messages: list[dict[str, str]]) -> AsyncIterator[str]:
-        """The reply's text deltas; retries before the first one only."""
+        """The reply's text deltas, cleaned to what can be spoken (`speakable`: an LLM may write
+        control characters or unpaired surrogates, which break engines); retries before the
+        first one only."""
         attempt = 0
         while True:
             started = False
             try:
                 async for delta in self._attempt(messages):
                     started = True
-                    yield delta
+                    yield speakable(delta)
                 return
             except LLMError as exc:
                 if started or attempt >= self.config.retries or isinstance(exc, LLMBadResponse):

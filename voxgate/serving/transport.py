@@ -11,6 +11,7 @@ own message limit at the frame parser, so a 16 MiB frame is refused before it is
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import uvicorn
@@ -74,3 +75,24 @@ def uvicorn_config(app: Any, settings: Settings, access_log: bool) -> uvicorn.Co
         http=protocol,
         ws_max_size=settings.ws_max_message_bytes + WS_FRAME_SLACK,
     )
+
+
+_CLIENT_FAULTS = ("Invalid UTF-8 sequence received from client.",)  # uvicorn logs these with a traceback
+
+
+class _ClientFaultFilter(logging.Filter):
+    """A client's malformed frame is the client's fault: one warning line, no traceback (else
+    any client could fill the log with tracebacks, one per connection)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() in _CLIENT_FAULTS:
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def quiet_client_faults() -> None:
+    """Install the filter on uvicorn's error logger (idempotent)."""
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _ClientFaultFilter) for f in logger.filters):
+        logger.addFilter(_ClientFaultFilter())

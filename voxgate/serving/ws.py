@@ -78,6 +78,7 @@ class Live:
     pace_utterance: int = -1
     paced_samples: int = 0
     dropped: str | None = None  # why the last socket was dropped, told on resume
+    close_code: int | None = None  # the writer closes the socket with this once its replies are out
     omni: bool = False  # vLLM-Omni's framing (the compatibility path)
     sentence: int = 0  # its segment counter
 
@@ -117,6 +118,8 @@ class Gateway:
                 frame = await websocket.receive()
                 if frame["type"] == "websocket.disconnect":
                     break
+                if live is not None and live.socket is not websocket:
+                    break  # resumed elsewhere (or dropped) while this frame waited: it is not ours to apply
                 raw = frame.get("text") if frame.get("text") is not None else frame.get("bytes", b"")
                 try:
                     if not rate.take(time.monotonic()):
@@ -126,6 +129,9 @@ class Gateway:
                 except (ProtocolError, VoxgateError) as exc:
                     reply = exc.to_message() if isinstance(exc, ProtocolError) else error(exc.code, exc.message)
                     self.state.metrics.errors.labels(reply["code"]).inc()
+                    if reply["fatal"] and live is not None and live.socket is websocket:
+                        await self._close_via_writer(live, websocket, reply)
+                        break
                     if reply["fatal"]:
                         await _send_then_close(websocket, reply)
                         break
@@ -142,6 +148,16 @@ class Gateway:
         finally:
             if live is not None:
                 self._detach(live, websocket)
+
+    async def _close_via_writer(self, live: Live, websocket: WebSocket, reply: dict[str, Any]) -> None:
+        """A fatal error on a socket with a session: the writer sends it after the frame it is
+        sending (an audio header is never parted from its bytes), then closes (1008). A client
+        that does not read gets a second, then the socket goes like any other (finally: detach)."""
+        live.close_code = 1008
+        live.reply(reply)
+        writer = live.writer
+        if writer is not None:
+            await asyncio.wait({writer}, timeout=1.0)
 
     def _reply(self, live: Live, message: dict[str, Any]) -> None:
         """Queue a reply within the session's bound; a client that leaves more than
@@ -233,7 +249,7 @@ class Gateway:
         s = live.session
         live.socket, live.detached_at = websocket, None
         live.replies.clear()
-        live.reply_bytes = 0
+        live.reply_bytes, live.close_code = 0, None
         live.reply({"type": "session.started", "session_id": s.session_id, "resume_token": live.resume_token,
                     "sample_rate": s.sample_rate, "format": s.config.format, "resumed": resumed,
                     "next_unit_index": s.next_unit, "resume_window_s": self.settings.ws_resume_window_s})  # fmt: skip
@@ -303,6 +319,9 @@ class Gateway:
                     live.reply_bytes -= len(text)
                     await websocket.send_text(text)
                     continue
+                if live.close_code is not None:  # a fatal error was the last reply
+                    await _close_quietly(websocket, live.close_code, "fatal error")
+                    return
                 entry = s.unsent()
                 if entry is None:
                     if s.done:
