@@ -19,8 +19,7 @@ import json
 import logging
 import secrets
 import time
-from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
@@ -29,8 +28,9 @@ from voxgate.audio import StreamEncoder
 from voxgate.serving.auth import Client
 from voxgate.serving.limits import MessageRate
 from voxgate.serving.session import Entry, Segment, Session
-from voxgate.serving.state import ServerState, StreamPlan
+from voxgate.serving.state import ServerState
 from voxgate.serving.stream import EngineStream
+from voxgate.serving.ws_live import CONTROL_BYTES, Live, abort, close_quietly, send_now, send_then_close
 from voxgate.serving.wsproto import Bare, Ping, ProtocolError, SessionStart, TextDelta, error, omni_frames, parse_client
 from voxgate.types import VoxgateError
 
@@ -51,46 +51,6 @@ async def compat_socket(websocket: WebSocket) -> None:
 def _gateway(websocket: WebSocket) -> Gateway:
     gateway: Gateway = websocket.app.state.ws_gateway  # made with the app (create_app)
     return gateway
-
-
-CONTROL_BYTES = 256 << 10  # replies (pongs, errors) and other small messages a client may leave unread
-
-
-@dataclass(eq=False)
-class Live:
-    """A session with its I/O: the attached socket (if any), its wake-ups and tasks."""
-
-    session: Session
-    plan: StreamPlan
-    owner: str  # the client identity that opened it (voxgate.serving.auth.Client.id)
-    resume_token: str  # given only to the socket that opened it; a resume must show it
-    socket: WebSocket | None = None
-    replies: deque[str] = field(default_factory=deque)  # JSON, sent before the log, never replayed
-    reply_bytes: int = 0
-    wake: asyncio.Event = field(default_factory=asyncio.Event)  # the writer has something to send
-    work: asyncio.Event = field(default_factory=asyncio.Event)  # the synthesiser has something to do
-    room: asyncio.Event = field(default_factory=asyncio.Event)  # the send queue drained a little
-    stream: EngineStream | None = None
-    writer: asyncio.Task[None] | None = None
-    synth: asyncio.Task[None] | None = None
-    detached_at: float | None = None
-    pace_start: float | None = None  # playback clock of the current utterance (pacing)
-    pace_utterance: int = -1
-    paced_samples: int = 0
-    dropped: str | None = None  # why the last socket was dropped, told on resume
-    close_code: int | None = None  # the writer closes the socket with this once its replies are out
-    omni: bool = False  # vLLM-Omni's framing (the compatibility path)
-    sentence: int = 0  # its segment counter
-
-    def reply(self, message: dict[str, Any]) -> None:
-        text = json.dumps(message)  # ASCII-escaped: whatever a string holds, it encodes
-        self.replies.append(text)
-        self.reply_bytes += len(text)
-        self.wake.set()
-
-    def unread_bytes(self) -> int:
-        """What this session holds for its client, unsent: replies and the log."""
-        return self.reply_bytes + self.session.unsent_bytes
 
 
 class Gateway:
@@ -133,12 +93,12 @@ class Gateway:
                         await self._close_via_writer(live, websocket, reply)
                         break
                     if reply["fatal"]:
-                        await _send_then_close(websocket, reply)
+                        await send_then_close(websocket, reply)
                         break
                     if live is not None and live.socket is websocket:
                         self._reply(live, reply)
                     else:
-                        await _send_now(websocket, reply)
+                        await send_now(websocket, reply)
                 if live is not None and live.socket is not websocket:
                     break  # replaced by a resume on another socket, or dropped for backpressure
         except WebSocketDisconnect:
@@ -172,7 +132,7 @@ class Gateway:
             if live is not None and live.socket is websocket:
                 self._reply(live, reply)
             else:
-                await _send_now(websocket, reply)
+                await send_now(websocket, reply)
             return live
         if isinstance(message, SessionStart):
             if live is not None:
@@ -238,7 +198,7 @@ class Gateway:
         if old is not None and old is not websocket:
             live.socket = None
             self._stop_writer(live)
-            asyncio.get_running_loop().create_task(_close_quietly(old, 4409, "resumed elsewhere"))
+            asyncio.get_running_loop().create_task(close_quietly(old, 4409, "resumed elsewhere"))
         self._attach(live, websocket, resumed=True)
         if live.dropped is not None:
             live.reply(error(live.dropped, "the previous socket was dropped: it stopped reading", fatal=False))
@@ -277,7 +237,7 @@ class Gateway:
         self.state.metrics.errors.labels("backpressure").inc()
         self._detach(live, websocket)
         live.dropped = "backpressure"
-        _abort(websocket)
+        abort(websocket)
 
     def _end(self, live: Live) -> None:
         if self.sessions.pop(live.session.session_id, None) is not None:
@@ -320,7 +280,7 @@ class Gateway:
                     await websocket.send_text(text)
                     continue
                 if live.close_code is not None:  # a fatal error was the last reply
-                    await _close_quietly(websocket, live.close_code, "fatal error")
+                    await close_quietly(websocket, live.close_code, "fatal error")
                     return
                 entry = s.unsent()
                 if entry is None:
@@ -356,7 +316,7 @@ class Gateway:
             self.state.metrics.errors.labels("internal_error").inc()
             self._detach(live, websocket)
             reply = error("internal_error", "the server failed to send; resume the session", fatal=True)
-            asyncio.get_running_loop().create_task(_send_then_close(websocket, reply, code=1011))
+            asyncio.get_running_loop().create_task(send_then_close(websocket, reply, code=1011))
 
     @staticmethod
     def _frames(live: Live, entry: Entry) -> list[str | bytes]:
@@ -446,37 +406,3 @@ class Gateway:
             if waited >= self.settings.ws_backpressure_warn_s + self.settings.ws_backpressure_grace_s:
                 self._drop(live, socket, f"client not reading for {waited:.1f} s")
                 start, warned = time.monotonic(), False
-
-
-def _abort(websocket: WebSocket) -> None:
-    """Drop the connection now. A client that does not read cannot take a close frame (it
-    would wait behind megabytes of audio), so the TCP connection is aborted where the ASGI
-    server lets us (`RequestGate` records how), else closed."""
-    abort = websocket.scope.get("state", {}).get("abort_transport")
-    if abort is not None:
-        abort()
-    else:
-        asyncio.get_running_loop().create_task(_close_quietly(websocket, 1013, "backpressure"))
-
-
-async def _send_now(websocket: WebSocket, reply: dict[str, Any]) -> None:
-    """A reply from the reader, on a socket with no session attached (nothing else writes to
-    it). The socket may have been closed while frames already read still waited for the reader:
-    by uvicorn itself (invalid UTF-8, an oversized frame) or by the session's writer (after
-    session.done). Sending then raises RuntimeError: the connection is over, not our failure."""
-    try:
-        await websocket.send_text(json.dumps(reply))
-    except RuntimeError:
-        raise WebSocketDisconnect(1006) from None
-
-
-async def _send_then_close(websocket: WebSocket, reply: dict[str, Any], code: int = 1008) -> None:
-    """A fatal error: tell the client why (if it reads within a second), then close."""
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(websocket.send_text(json.dumps(reply)), timeout=1.0)
-    await _close_quietly(websocket, code, reply["code"])
-
-
-async def _close_quietly(websocket: WebSocket, code: int, reason: str) -> None:
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(websocket.close(code=code, reason=reason), timeout=1.0)
