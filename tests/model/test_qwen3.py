@@ -19,9 +19,15 @@ from voxgate.engines.qwen3.loader import CheckpointError, load_checkpoint
 from voxgate.engines.qwen3.prompt import PromptBuilder
 from voxgate.types import CancelToken, EmptyText, InvalidRequest, SynthesisRequest, UnknownVoice, UnsupportedLanguage
 
+# Streamed and one-shot decoding do the same sums over matrices of different widths (frames per
+# call), and a float32 GEMM may round them differently by shape: MKL on an AVX-512 CPU differs by
+# up to 3e-7 (5.7e-7 relative; bit-identical with MKL_CBWR=COMPATIBLE), where packets decoded
+# without their left context are off by 0.25. Equal to 1e-5, as test_batch.py holds batched PCM.
+PCM_ATOL = 1e-5
+
 
 @pytest.mark.parametrize("packet", [1, 2, 4, 3, 7])
-def test_incremental_decode_equals_one_shot_bit_exactly(ours, packet):
+def test_incremental_decode_equals_one_shot_to_float_rounding(ours, packet):
     codec = ours["cv06"].codec
     frames = 23  # odd, and longer than a few packets
     codes = torch.randint(0, 2048, (1, 16, frames), generator=torch.Generator().manual_seed(packet))
@@ -29,16 +35,16 @@ def test_incremental_decode_equals_one_shot_bit_exactly(ours, packet):
     state = DecoderState()
     streamed = torch.cat([codec.decode(codes[..., i : i + packet], state) for i in range(0, frames, packet)], dim=-1)
     assert streamed.shape == offline.shape == (1, frames * 1920)
-    assert torch.equal(streamed, offline)
+    torch.testing.assert_close(streamed, offline, rtol=0, atol=PCM_ATOL)
 
 
 def test_decoder_window_reaches_past_the_attention_window(ours):
-    """Frames beyond the 72-frame sliding window still stream exactly (the KV window rolls)."""
+    """Frames beyond the 72-frame sliding window still stream the same audio (the KV window rolls)."""
     codec = ours["cv06"].codec
     codes = torch.randint(0, 2048, (1, 16, 90), generator=torch.Generator().manual_seed(11))
     state = DecoderState()
     streamed = torch.cat([codec.decode(codes[..., i : i + 5], state) for i in range(0, 90, 5)], dim=-1)
-    assert torch.equal(streamed, codec.decode(codes))
+    torch.testing.assert_close(streamed, codec.decode(codes), rtol=0, atol=PCM_ATOL)
 
 
 def _engine(ours, packet_frames=1, seed_sampling=True):
@@ -57,7 +63,7 @@ def test_engine_packets_equal_the_offline_decode_of_the_same_codes(ours):
 
     codes = torch.stack(list(generate_codes(ck.talker, prompt, SamplingParams.greedy(max_new_tokens=30))), dim=1)
     offline = ck.codec.decode(codes[None])[0].numpy()
-    assert np.array_equal(np.concatenate([c.samples for c in chunks]), offline)
+    np.testing.assert_allclose(np.concatenate([c.samples for c in chunks]), offline, rtol=0, atol=PCM_ATOL)
 
 
 def test_same_seed_gives_identical_pcm_over_ten_runs(ours):
