@@ -144,7 +144,7 @@ def test_clone_in_context_over_http(base_server):
 
 def test_in_context_speech_continues_the_reference_like_the_reference_decode(ours):
     """The reference implementation decodes reference + new codes and cuts the reference's
-    samples; streaming from the cached pre-roll state must give exactly those samples."""
+    samples; streaming from the cached pre-roll state must give those samples."""
     from voxgate.engines.qwen3.generate import generate_codes
 
     ck = ours["b06"]
@@ -160,7 +160,9 @@ def test_in_context_speech_continues_the_reference_like_the_reference_decode(our
     )  # fmt: skip
     codes = torch.stack(list(generate_codes(ck.talker, prompt, SamplingParams.greedy(max_new_tokens=8))))
     whole = ck.codec.decode(torch.cat([voice.ref_codes, codes]).T[None])[0].numpy()
-    assert np.array_equal(streamed, whole[len(voice.ref_codes) * 1920 :])
+    # to float rounding: GEMMs of other widths round differently (see PCM_ATOL in test_qwen3.py);
+    # without the cached pre-roll the continuation would be off by far more
+    np.testing.assert_allclose(streamed, whole[len(voice.ref_codes) * 1920 :], rtol=0, atol=1e-5)
 
 
 def test_batched_engine_speaks_cloned_voices_like_the_eager_one(ours):
