@@ -13,7 +13,14 @@ import torch
 if not torch.cuda.is_available():  # Triton kernels run in its interpreter (before any module defines them)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from hypothesis import HealthCheck, settings
+
 from voxgate.bench.server import ServerProcess
+
+# Every property test draws the same examples on every run and has no per-example deadline: a result
+# never depends on the random draw or on how busy the machine is. A test's own @settings still apply.
+settings.register_profile("voxgate", derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("voxgate")
 
 LIMITS_KEYS = ("key-one", "key-two", "key-three")
 
@@ -58,7 +65,7 @@ def metric(server: ServerProcess, name: str, headers: dict[str, str] | None = No
     return sum(float(v) for v in pattern.findall(text))
 
 
-def timing_row(server: ServerProcess, request_id: str, timeout: float = 5.0) -> dict:
+def timing_row(server: ServerProcess, request_id: str, timeout: float = 30.0) -> dict:
     """The server-side timing of one stream (recorded just after it ends, so poll)."""
     import time
 
@@ -72,7 +79,7 @@ def timing_row(server: ServerProcess, request_id: str, timeout: float = 5.0) -> 
     raise AssertionError(f"no timing recorded for {request_id}")
 
 
-def wait_for(predicate, timeout: float = 5.0) -> bool:
+def wait_for(predicate, timeout: float = 30.0) -> bool:
     """Poll `predicate` until true or `timeout` (for state the server updates just after a response)."""
     import time
 
