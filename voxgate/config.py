@@ -170,7 +170,9 @@ class Settings(BaseSettings):
         description="WebSocket gateway: received text not yet spoken per session; more -> text_queue_full.",
     )
     ws_messages_per_s: float = Field(
-        200.0, gt=0, description="WebSocket sockets: sustained client messages per second before rate_limited."
+        200.0,
+        gt=0,
+        description="WebSocket sockets: sustained messages per second (one per started 4 KiB) before rate_limited.",
     )
     ws_message_burst: int = Field(2000, ge=1, description="WebSocket sockets: messages a client may send in a burst.")
     ws_idle_flush_ms: int = Field(800, ge=10, description="WebSocket gateway: speak pending text after this pause.")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import re
-import unicodedata
 from dataclasses import dataclass
 
 import regex
@@ -85,11 +84,11 @@ def speakable(text: str) -> str:
 
 
 def check_characters(text: str) -> None:
-    """Reject control characters (but tab and newlines) and lone surrogates: an engine cannot
-    speak them and some (NUL) break engines' text front-ends."""
-    for i, ch in enumerate(text):
-        if ch not in "\t\n\r" and unicodedata.category(ch) in ("Cc", "Cs"):
-            raise InvalidRequest(f"text contains the control character U+{ord(ch):04X} at offset {i}")
+    """Reject control characters (Unicode category Cc, but tab and newlines) and lone surrogates
+    (Cs): an engine cannot speak them and some (NUL) break engines' text front-ends. One regex
+    scan (C speed: a 4,000-character delta costs microseconds, not the 0.6 ms of a Python loop)."""
+    if (bad := _UNSPEAKABLE.search(text)) is not None:
+        raise InvalidRequest(f"text contains the control character U+{ord(bad.group()):04X} at offset {bad.start()}")
 
 
 # ---------------------------------------------------------------------------- pieces

@@ -51,3 +51,19 @@ def test_bench_http_writes_json(tmp_path):
     assert tone["ten_words"]["server_ttfa_ms"]["n"] == 3
     assert tone["starter_hit"]["starter_hits"] == 3
     assert report["machine"]["cores"] >= 1
+
+
+def test_bench_abuse_floods_as_another_client_and_writes_json(tmp_path):
+    out = tmp_path / "abuse.json"
+    result = voxgate("bench", "abuse", "--kinds", "tts.blank,http.bad_json", "--messages", "300",
+                     "--baseline-s", "1", "--output-json", str(out))  # fmt: skip
+    assert result.returncode in (0, 1), result.stderr + result.stdout  # 1: a target missed (timing is measured)
+    report = json.loads(out.read_text())
+    assert report["clients"] == "flooder and bystander: two API keys"
+    assert report["server"]["settings"]["API_KEYS"] == "<redacted>"
+    for kind in ("tts.blank", "http.bad_json"):
+        row = report["floods"][kind]
+        assert row["flood"]["sent"] == 300 and row["bystander_errors"] == []  # the flood's caps are not the bystander's
+        assert {"p50", "p99"} <= row["audio_ms"].keys() and isinstance(row["met"], bool)
+    assert report["floods"]["http.bad_json"]["flood"]["errors"] == {"400": 300}
+    assert "| tts.blank | 300 |" in result.stdout

@@ -95,3 +95,12 @@ def test_the_message_rate_allows_a_burst_then_the_sustained_rate():
     assert not rate.take(0.0)
     assert rate.take(0.1) and not rate.take(0.1)  # one token per 0.1 s
     assert sum(rate.take(10.0) for _ in range(100)) == 5  # refills to the burst, no more
+
+
+def test_a_big_message_costs_a_token_per_started_4_kib_and_a_full_bucket_takes_any():
+    rate = MessageRate(per_s=10, burst=20)
+    assert rate.take(0.0, 4096) and rate.take(0.0, 4097)  # 1 + 2 tokens
+    assert rate.take(0.0, 60_000)  # 15 tokens: 2 left
+    assert not rate.take(0.0, 8193) and rate.take(0.0, 8192) and not rate.take(0.0)
+    big = MessageRate(per_s=1, burst=3)
+    assert big.take(0.0, 1 << 20) and not big.take(0.0, 1)  # a message bigger than the burst empties the bucket

@@ -5,7 +5,7 @@ as the client can, `--messages` in all, reconnecting whenever the server closes 
 kinds never read a byte back), while it runs:
 
 - a **prober** (another client) asks `GET /healthz` every 20 ms: its latency;
-- a **bystander** session on `/v1/tts/ws` says a short sentence every 250 ms: the time from
+- a **bystander** session on `/v1/tts/ws` says a short sentence every 100 ms: the time from
   its `text.flush` to the first audio of that sentence;
 - the server's resident memory is sampled every 50 ms (a server started here, or `--pid`).
 
@@ -13,6 +13,14 @@ Each flood is compared with a quiet baseline measured first: the issue's targets
 prober's and the bystander's p99 at most 50 ms above the baseline's, and the server's peak
 memory at most 32 MiB above what it was when the flood started. The flooder runs in a process
 of its own, so its work does not sit on the measuring client's event loop.
+
+The flooder and the bystander are different clients (every limit is per client), and each
+flood is a fresh client: sessions a flood leaves waiting for a resume count against its own
+client's caps, which would turn the next flood into a flood of refusals. A server started here
+gets an API key for the bystander and one per flood; against `--url`, pass `--bystander-key`
+and `--flood-key` (comma-separated keys are used in turn, one per flood), or neither for a
+server without keys (then everyone is the loopback address: one client, whose caps the
+bystander shares).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
+import secrets
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -88,6 +97,8 @@ FLOODS: dict[str, Flood] = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default=None, help="a running server (default: start `voxgate serve` here)")
     parser.add_argument("--pid", type=int, default=None, help="with --url: the server's pid, to sample its memory")
+    parser.add_argument("--flood-key", default=None, help="with --url: the flooders' API keys, comma-separated")
+    parser.add_argument("--bystander-key", default=None, help="with --url: the bystander's (another client's) key")
     parser.add_argument("--engine", default="tone", help="engine of the started server (default tone)")
     add_set_argument(parser)
     parser.add_argument("--messages", type=int, default=20_000, help="messages per flood (default 20000)")
@@ -100,8 +111,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------- the flooder (own process)
 
 
-def _flood_process(url: str, flood: Flood, count: int, timeout_s: float, out: Any) -> None:
-    out.put(asyncio.run(_flood(url, flood, count, timeout_s)))
+def _headers(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _flood_process(url: str, flood: Flood, count: int, timeout_s: float, key: str | None, out: Any) -> None:
+    out.put(asyncio.run(_flood(url, flood, count, timeout_s, _headers(key))))
 
 
 @dataclass
@@ -110,19 +125,19 @@ class _Tally:
     connections: int = 0
 
 
-async def _flood(url: str, flood: Flood, count: int, timeout_s: float) -> dict[str, Any]:
+async def _flood(url: str, flood: Flood, count: int, timeout_s: float, headers: dict[str, str]) -> dict[str, Any]:
     """Send `count` messages as fast as possible; reconnect when the server closes us."""
     tally, closes, errors = _Tally(), Counter[str](), Counter[str]()
     t0 = time.perf_counter()
     deadline = t0 + timeout_s
     if flood.path.startswith("POST "):
-        tally.sent, errors = await _flood_http(url + flood.path[5:], flood.message, count, deadline)
+        tally.sent, errors = await _flood_http(url + flood.path[5:], flood.message, count, deadline, headers)
     else:
         ws_url = url.replace("http://", "ws://") + flood.path
         while tally.sent < count and time.perf_counter() < deadline:
             tally.connections += 1
             try:
-                await _one_socket(ws_url, flood, count, deadline, tally, errors)
+                await _one_socket(ws_url, flood, count, deadline, tally, errors, headers)
                 closes["client_done"] += 1
             except websockets.ConnectionClosed as exc:
                 closes[str(exc.rcvd.code if exc.rcvd is not None else 1006)] += 1
@@ -133,8 +148,11 @@ async def _flood(url: str, flood: Flood, count: int, timeout_s: float) -> dict[s
             "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
 
 
-async def _one_socket(url: str, flood: Flood, count: int, deadline: float, tally: _Tally, errors: Counter[str]) -> None:
-    async with websockets.connect(url, max_size=None, max_queue=None if flood.reads else 1) as ws:
+async def _one_socket(
+    url: str, flood: Flood, count: int, deadline: float, tally: _Tally, errors: Counter[str], headers: dict[str, str]
+) -> None:
+    queue = None if flood.reads else 1
+    async with websockets.connect(url, max_size=None, max_queue=queue, additional_headers=headers) as ws:
         reader = asyncio.create_task(_read(ws, errors)) if flood.reads else None
         try:
             for opening in flood.opening:
@@ -158,7 +176,9 @@ async def _read(ws: websockets.ClientConnection, errors: Counter[str]) -> None:
                 errors[json.loads(frame)["code"]] += 1
 
 
-async def _flood_http(url: str, body: str | bytes, count: int, deadline: float) -> tuple[int, Counter[str]]:
+async def _flood_http(
+    url: str, body: str | bytes, count: int, deadline: float, headers: dict[str, str]
+) -> tuple[int, Counter[str]]:
     statuses: Counter[str] = Counter()
     left = count
 
@@ -174,7 +194,7 @@ async def _flood_http(url: str, body: str | bytes, count: int, deadline: float) 
             except httpx.HTTPError as exc:
                 statuses[type(exc).__name__] += 1
 
-    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=8)) as client:
+    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=8), headers=headers) as client:
         await asyncio.gather(*(worker(client) for _ in range(8)))
     return count - max(left, 0), statuses
 
@@ -185,12 +205,13 @@ async def _flood_http(url: str, body: str | bytes, count: int, deadline: float) 
 class Observers:
     """The prober, the bystander and the memory sampler, running until `stop()`."""
 
-    def __init__(self, url: str, rss: Callable[[], int] | None) -> None:
-        self.url, self.rss = url, rss
+    def __init__(self, url: str, rss: Callable[[], int] | None, key: str | None) -> None:
+        self.url, self.rss, self.key = url, rss, key
         self.healthz_ms: list[float] = []
         self.audio_ms: list[float] = []
         self.bystander_errors: list[str] = []
         self.rss_peak = 0
+        self.ready = asyncio.Event()  # the bystander's session is open (or could not be)
         self._stop = asyncio.Event()
 
     def stop(self) -> None:
@@ -211,9 +232,10 @@ class Observers:
     async def _bystander(self) -> None:
         ws_url = self.url.replace("http://", "ws://") + "/v1/tts/ws"
         try:
-            async with websockets.connect(ws_url, max_size=None) as ws:
+            async with websockets.connect(ws_url, max_size=None, additional_headers=_headers(self.key)) as ws:
                 await ws.send(_j(type="session.start", max_pending_units=200))
                 await ws.recv()
+                self.ready.set()
                 reader = asyncio.create_task(self._hear(ws))
                 unit, pending = 0, {}
                 self._pending = pending
@@ -222,10 +244,12 @@ class Observers:
                     await ws.send(_j(type="text.delta", text="Hello there friend ", first_unit_index=unit))
                     await ws.send(_j(type="text.flush"))
                     unit += 3
-                    await self._pause(0.25)
+                    await self._pause(0.1)
                 reader.cancel()
         except (OSError, websockets.ConnectionClosed) as exc:
             self.bystander_errors.append(repr(exc))
+        finally:
+            self.ready.set()
 
     async def _hear(self, ws: websockets.ClientConnection) -> None:
         async for frame in ws:
@@ -248,10 +272,12 @@ class Observers:
             await asyncio.wait_for(self._stop.wait(), seconds)
 
 
-async def _observe(url: str, rss: Callable[[], int] | None, during: Callable[[], Any]) -> Observers:
-    observers = Observers(url, rss)
+async def _observe(url: str, rss: Callable[[], int] | None, key: str | None, during: Callable[[], Any]) -> Observers:
+    observers = Observers(url, rss, key)
     watching = asyncio.create_task(observers.run())
-    await asyncio.sleep(0.5)  # the bystander's session is open before the flood starts
+    with contextlib.suppress(TimeoutError):  # the bystander's session is open before the flood starts
+        await asyncio.wait_for(observers.ready.wait(), 30)
+    await asyncio.sleep(0.3)
     try:
         await during()
     finally:
@@ -260,19 +286,22 @@ async def _observe(url: str, rss: Callable[[], int] | None, during: Callable[[],
     return observers
 
 
-async def _run_flood(url: str, flood: Flood, count: int, timeout_s: float, rss: Callable[[], int] | None) -> dict:
+async def _run_flood(
+    url: str, flood: Flood, key: str | None, args: argparse.Namespace, rss: Callable[[], int] | None
+) -> dict:
     result: dict[str, Any] = {}
     rss_before = rss() if rss else 0
 
     async def during() -> None:
         context = multiprocessing.get_context("spawn")
         out = context.Queue()
-        process = context.Process(target=_flood_process, args=(url, flood, count, timeout_s, out), daemon=True)
+        work = (url, flood, args.messages, args.timeout_s, key, out)
+        process = context.Process(target=_flood_process, args=work, daemon=True)
         process.start()
-        result.update(await asyncio.get_running_loop().run_in_executor(None, out.get, True, timeout_s + 60))
+        result.update(await asyncio.get_running_loop().run_in_executor(None, out.get, True, args.timeout_s + 60))
         process.join(10)
 
-    observers = await _observe(url, rss, during)
+    observers = await _observe(url, rss, args.bystander_key, during)
     return {"flood": result, **_observed(observers, rss_before if rss else None)}
 
 
@@ -296,21 +325,28 @@ def run_abuse_bench(args: argparse.Namespace) -> int:
         report = asyncio.run(_bench(args.url.rstrip("/"), kinds, args, rss))
     else:
         env = settings_env(args.set, "voxgate bench abuse")
+        if "API_KEYS" not in env:  # a client per flood and the bystander: every limit is per client
+            keys = [secrets.token_urlsafe(16) for _ in range(len(kinds) + 1)]
+            args.bystander_key, args.flood_key = keys[0], ",".join(keys[1:])
+            env["API_KEYS"] = ",".join(keys)
         with ServerProcess(args.engine, env=env) as server:
             print(f"server ready at {server.url} (engine {args.engine})", flush=True)
             report = asyncio.run(_bench(server.url, kinds, args, server.rss_bytes))
-        report["server"] = {"engine": args.engine, "settings": env}
+        shown = {k: ("<redacted>" if "KEYS" in k else v) for k, v in env.items()}  # keys never in a report
+        report["server"] = {"engine": args.engine, "settings": shown}
+    report["clients"] = "flooder and bystander: two API keys" if args.bystander_key else "one client (no keys)"
     report.update(machine=machine(), date=stamp.isoformat(timespec="seconds"), messages=args.messages)
     write_report(report, "abuse", stamp, args.output_json, _table(report))
     return 0 if all(row["met"] for row in report["floods"].values()) else 1
 
 
 async def _bench(url: str, kinds: list[str], args: argparse.Namespace, rss: Callable[[], int] | None) -> dict:
-    baseline = _observed(await _observe(url, rss, lambda: asyncio.sleep(args.baseline_s)), None)
+    baseline = _observed(await _observe(url, rss, args.bystander_key, lambda: asyncio.sleep(args.baseline_s)), None)
     print(f"baseline: healthz p99 {baseline['healthz_ms']['p99']} ms, audio p99 {baseline['audio_ms']['p99']} ms")
     floods = {}
-    for kind in kinds:
-        row = await _run_flood(url, FLOODS[kind], args.messages, args.timeout_s, rss)
+    flood_keys = (args.flood_key or "").split(",")
+    for i, kind in enumerate(kinds):
+        row = await _run_flood(url, FLOODS[kind], flood_keys[i % len(flood_keys)] or None, args, rss)
         _judge(row, baseline)
         floods[kind] = row
         print(f"{kind}: sent {row['flood'].get('sent')}, healthz +{row['healthz_delay_ms']} ms, "

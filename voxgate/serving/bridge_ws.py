@@ -119,7 +119,7 @@ class _Call:
                     break
                 raw = frame.get("text") if frame.get("text") is not None else frame.get("bytes")
                 try:
-                    if not rate.take(time.monotonic()):
+                    if not rate.take(time.monotonic(), len(raw or b"")):
                         raise ProtocolError("rate_limited", "too many messages; the socket is closed", fatal=True)
                     await self._apply(parse(raw, settings.ws_max_message_bytes))
                 except (ProtocolError, VoxgateError) as exc:
@@ -129,6 +129,7 @@ class _Call:
                         await self._refuse(reply)
                         break
                     await self._send(reply)
+                await asyncio.sleep(0)  # frames already queued return without yielding: let others run
         except (WebSocketDisconnect, OSError, TimeoutError, RuntimeError):  # gone (starlette: RuntimeError)
             pass
         except Exception:  # a bug must cost this socket only

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from voxgate.types import Busy, TooManySessions, TooManyStreams
 
@@ -124,8 +125,12 @@ class SessionCounter:
 
 @dataclass(slots=True)
 class MessageRate:
-    """A token bucket: `burst` messages at once, refilled at `per_s`; `take(now)` is False
-    when the client is over its rate. Times are the caller's clock (seconds)."""
+    """A token bucket: `burst` messages at once, refilled at `per_s`; `take(now, size)` is False
+    when the client is over its rate. A message costs one token per started `UNIT_BYTES` (a
+    60 KB message costs 15): a flood of big messages is held to the same bytes as one of small
+    ones would be at 4 KiB each. Times are the caller's clock (seconds)."""
+
+    UNIT_BYTES: ClassVar[int] = 4096
 
     per_s: float
     burst: int
@@ -135,11 +140,12 @@ class MessageRate:
     def __post_init__(self) -> None:
         self._tokens = float(self.burst)
 
-    def take(self, now: float) -> bool:
+    def take(self, now: float, size: int = 0) -> bool:
         if self._at is not None:
             self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.per_s)
         self._at = now
-        if self._tokens < 1.0:
+        cost = min(max(1, -(-size // self.UNIT_BYTES)), self.burst)  # a full bucket takes any message
+        if self._tokens < cost:
             return False
-        self._tokens -= 1.0
+        self._tokens -= cost
         return True

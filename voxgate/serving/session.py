@@ -117,7 +117,9 @@ class Session:
             self._pending.append(text)
             self._pending_chars += len(text)
         self.next_unit += units
-        if _SENTENCE_END.search(msg.text) or self.next_unit - self._pending_start >= self.config.max_pending_units:
+        # A blank delta is kept as at most a space, so its line break is looked for in what was sent.
+        ends = _SENTENCE_END.search(text) if text.strip() else "\n" in msg.text
+        if ends or self.next_unit - self._pending_start >= self.config.max_pending_units:
             self.flush(now)
 
     def _admit(self, text: str) -> str:

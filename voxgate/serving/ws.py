@@ -82,7 +82,7 @@ class Gateway:
                     break  # resumed elsewhere (or dropped) while this frame waited: it is not ours to apply
                 raw = frame.get("text") if frame.get("text") is not None else frame.get("bytes", b"")
                 try:
-                    if not rate.take(time.monotonic()):
+                    if not rate.take(time.monotonic(), len(raw)):
                         raise ProtocolError("rate_limited", "too many messages; the socket is closed", fatal=True)
                     message = parse_client(raw, self.settings.ws_max_message_bytes, compat)
                     live = await self._apply(message, live, websocket, client)
@@ -101,6 +101,7 @@ class Gateway:
                         await send_now(websocket, reply)
                 if live is not None and live.socket is not websocket:
                     break  # replaced by a resume on another socket, or dropped for backpressure
+                await asyncio.sleep(0)  # frames already queued return without yielding: let others run
         except WebSocketDisconnect:
             pass
         except Exception:  # a bug must cost this socket only
