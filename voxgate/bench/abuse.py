@@ -234,7 +234,10 @@ class Observers:
         try:
             async with websockets.connect(ws_url, max_size=None, additional_headers=_headers(self.key)) as ws:
                 await ws.send(_j(type="session.start", max_pending_units=200))
-                await ws.recv()
+                started = json.loads(await ws.recv())
+                if started["type"] != "session.started":
+                    self.bystander_errors.append(started.get("code", started["type"]))
+                    return
                 self.ready.set()
                 reader = asyncio.create_task(self._hear(ws))
                 unit, pending = 0, {}
@@ -245,7 +248,11 @@ class Observers:
                     await ws.send(_j(type="text.flush"))
                     unit += 3
                     await self._pause(0.1)
-                reader.cancel()
+                await ws.send(_j(type="session.end"))  # a well-behaved client: its session ends with it
+                try:
+                    await asyncio.wait_for(reader, 30)  # until session.done closes the socket
+                except TimeoutError:
+                    self.bystander_errors.append("session.done never came")
         except (OSError, websockets.ConnectionClosed) as exc:
             self.bystander_errors.append(repr(exc))
         finally:
@@ -257,7 +264,8 @@ class Observers:
                 continue
             message = json.loads(frame)
             if message["type"] == "audio" and (sent := self._pending.pop(message["unit_start"], None)) is not None:
-                self.audio_ms.append(1000 * (time.perf_counter() - sent))
+                if not self._stop.is_set():  # what arrives while the session ends is not during the flood
+                    self.audio_ms.append(1000 * (time.perf_counter() - sent))
             elif message["type"] == "error":
                 self.bystander_errors.append(message["code"])
 
