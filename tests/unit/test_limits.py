@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from voxgate.serving.limits import MessageRate, SessionCounter, StreamLimiter
+from voxgate.serving.limits import MessageRate, SessionCounter, StreamLimiter, Turn
 from voxgate.types import Busy, TooManySessions, TooManyStreams
 
 
@@ -104,3 +104,15 @@ def test_a_big_message_costs_a_token_per_started_4_kib_and_a_full_bucket_takes_a
     assert not rate.take(0.0, 8193) and rate.take(0.0, 8192) and not rate.take(0.0)
     big = MessageRate(per_s=1, burst=3)
     assert big.take(0.0, 1 << 20) and not big.take(0.0, 1)  # a message bigger than the burst empties the bucket
+
+
+def test_a_turn_lets_other_tasks_run_once_its_budget_is_spent():
+    async def other_ran(turn: Turn) -> bool:
+        ran = []
+        asyncio.get_running_loop().call_soon(ran.append, True)
+        for _ in range(3):
+            await turn.end()
+        return bool(ran)
+
+    assert _run(other_ran(Turn(budget_s=0.0)))  # spent at once: yields
+    assert not _run(other_ran(Turn(budget_s=3600.0)))  # within its budget: the frames go on

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from voxgate.bridge.llm import Conversation
 from voxgate.serving.auth import Client
-from voxgate.serving.limits import MessageRate
+from voxgate.serving.limits import MessageRate, Turn
 from voxgate.serving.protocol import describe_validation
 from voxgate.serving.reply import AudioOut, Reply, ReplyOptions
 from voxgate.serving.state import ServerState
@@ -111,6 +111,7 @@ class _Call:
             await self._refuse(error(exc.code, exc.message, fatal=True))
             return
         rate = MessageRate(settings.ws_messages_per_s, settings.ws_message_burst)
+        turn = Turn()
         try:
             await self._send({"type": "ready", "sample_rate": self.state.require_engine().sample_rate})
             while True:
@@ -129,7 +130,7 @@ class _Call:
                         await self._refuse(reply)
                         break
                     await self._send(reply)
-                await asyncio.sleep(0)  # frames already queued return without yielding: let others run
+                await turn.end()  # frames already queued return without yielding: let others run
         except (WebSocketDisconnect, OSError, TimeoutError, RuntimeError):  # gone (starlette: RuntimeError)
             pass
         except Exception:  # a bug must cost this socket only

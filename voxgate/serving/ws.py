@@ -26,7 +26,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from voxgate.audio import StreamEncoder
 from voxgate.serving.auth import Client
-from voxgate.serving.limits import MessageRate
+from voxgate.serving.limits import MessageRate, Turn
 from voxgate.serving.session import Entry, Segment, Session
 from voxgate.serving.state import ServerState
 from voxgate.serving.stream import EngineStream
@@ -71,6 +71,7 @@ class Gateway:
         await websocket.accept()
         client: Client = websocket.scope["state"]["client"]  # authenticated by RequestGate
         rate = MessageRate(self.settings.ws_messages_per_s, self.settings.ws_message_burst)
+        turn = Turn()
         self._start_janitor()
         live: Live | None = None
         try:
@@ -101,7 +102,7 @@ class Gateway:
                         await send_now(websocket, reply)
                 if live is not None and live.socket is not websocket:
                     break  # replaced by a resume on another socket, or dropped for backpressure
-                await asyncio.sleep(0)  # frames already queued return without yielding: let others run
+                await turn.end()  # frames already queued return without yielding: let others run
         except WebSocketDisconnect:
             pass
         except Exception:  # a bug must cost this socket only
