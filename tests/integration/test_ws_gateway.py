@@ -336,3 +336,50 @@ def test_an_engine_failure_fails_its_segment_only(gateway):
         assert _covered(c.messages) == list(range(7))  # the failed segment's units are reported too
 
     asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def patient_gateway() -> Iterator[ServerProcess]:
+    """No idle flush (a minute): a segment is cut only by what the text says."""
+    with ServerProcess("tone", env={"WS_IDLE_FLUSH_MS": "60000"}) as server:
+        yield server
+
+
+def test_streamed_text_is_spoken_after_its_first_words_and_segments_grow(patient_gateway):
+    """An LLM's words one by one: the first audio needs only the first three (the starter), not
+    a sentence or twelve words; then segments of 6 and 12 units. Without a starter the same
+    three words wait (here: for text.end)."""
+
+    async def run(config: dict) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        async with websockets.connect(_ws(patient_gateway, key="")) as ws:
+            c = Client(ws)
+            await c.start(**config)
+            await c.words("one two three")
+            first = await c.until("units.done") if config.get("starter_units", 3) else None
+            await c.words(" ".join(f"w{i}" for i in range(3, 40)))
+            await c.send(type="text.end")
+            await c.until("utterance.done")
+            ranges = [(m["unit_start"], m["unit_end"]) for m in c.of("units.done")]
+            return ranges, [(first["unit_start"], first["unit_end"])] if first else []
+
+    ranges, first = asyncio.run(run({}))
+    assert first == [(0, 2)]  # spoken with no more text and no idle flush
+    assert ranges == [(0, 2), (3, 8), (9, 20), (21, 32), (33, 39)]
+    ranges, _ = asyncio.run(run({"starter_units": 0}))
+    assert ranges == [(0, 11), (12, 23), (24, 35), (36, 39)]
+
+
+def test_a_starter_that_is_a_cached_opener_is_played_from_the_cache(patient_gateway):
+    async def run() -> list[dict]:
+        async with websockets.connect(_ws(patient_gateway, key="")) as ws:
+            c = Client(ws)
+            await c.start()
+            await c.words("Sure. Let me look")
+            await c.send(type="text.end")
+            await c.until("utterance.done")
+            return c.messages
+
+    hits = metric(patient_gateway, "voxgate_starter_cache_hits_total")
+    messages = asyncio.run(run())
+    assert metric(patient_gateway, "voxgate_starter_cache_hits_total") == hits + 1
+    assert [(m["unit_start"], m["unit_end"]) for m in messages if m["type"] == "units.done"] == [(0, 0), (1, 3)]

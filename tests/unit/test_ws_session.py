@@ -70,7 +70,7 @@ def test_speakable_says_when_a_segment_waits_for_the_engine():
 
 
 def test_a_number_with_a_point_does_not_end_a_sentence():
-    s = _session()
+    s = _session(starter_units=0)
     s.delta(_delta("Pi is 3.14 and ", 0))
     assert s.take_segment() is None
 
@@ -326,3 +326,59 @@ def test_many_cancels_keep_the_log_linear():
         s.cancel()
     assert len(s._log) == 20_000 and s.utterance == 20_000
     assert s.unsent_bytes == sum(e.size for e in s._log)
+
+
+def _segments(s: Session) -> list:
+    out = []
+    while (segment := s.take_segment()) is not None:
+        out.append(segment)
+        s.segment_done(segment)
+    return out
+
+
+def test_an_utterance_starts_with_a_starter_and_its_segments_grow():
+    s = _session()  # starter_units 3, max_pending_units 12
+    words = [f"w{i} " for i in range(40)]
+    for i, word in enumerate(words):
+        s.delta(_delta(word, i))
+    made = _segments(s)
+    assert [(g.unit_start, g.unit_end) for g in made] == [(0, 2), (3, 8), (9, 20), (21, 32)]
+    assert [g.starter for g in made] == [True, False, False, False]
+    s.end()
+    (last,) = _segments(s)
+    assert (last.unit_start, last.unit_end, last.starter) == (33, 39, False)
+    for i, word in enumerate(["again ", "one ", "two ", "three "]):  # the next utterance has a starter again
+        s.delta(_delta(word, 40 + i))
+    (again,) = _segments(s)
+    assert again.starter and again.text == "again one two"
+
+
+def test_the_starter_ends_at_its_first_clause_but_not_inside_a_number():
+    s = _session()
+    s.delta(_delta("Well, ", 0))
+    (first,) = _segments(s)
+    assert first.text == "Well," and first.starter
+    t = _session()
+    t.delta(_delta("It costs 1,", 0))  # three units: full, but the word may go on
+    assert t.take_segment() is None
+    t.delta(_delta("000", 3))
+    assert t.take_segment() is None
+    t.delta(_delta(" dollars", 4))  # now the number has ended: cut before this word
+    (starter,) = _segments(t)
+    assert starter.text == "It costs 1,000" and (starter.unit_start, starter.unit_end) == (0, 3)
+
+
+def test_without_a_starter_the_first_segment_waits_for_a_sentence_or_the_unit_limit():
+    s = _session(starter_units=0)
+    for i in range(11):
+        s.delta(_delta(f"w{i}, ", i))
+    assert s.take_segment() is None
+    s.delta(_delta("w11 ", 11))
+    assert [(g.unit_start, g.unit_end) for g in _segments(s)] == [(0, 11)]
+
+
+def test_a_starter_never_exceeds_max_pending_units():
+    s = _session(starter_units=8, max_pending_units=5)
+    for i in range(10):
+        s.delta(_delta(f"w{i} ", i))
+    assert [(g.unit_start, g.unit_end) for g in _segments(s)] == [(0, 4), (5, 9)]

@@ -19,11 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from voxgate.audio import StreamEncoder, split_bytes
@@ -32,10 +31,10 @@ from voxgate.bridge.pipeline import ChunkStream, ReplyPipeline, heard_text
 from voxgate.bridge.segmenter import Segment, Segmenter
 from voxgate.serving.fair import Lease
 from voxgate.serving.llm import llm_config
-from voxgate.serving.starter import StarterHit
+from voxgate.serving.starter import opener_stream
 from voxgate.serving.state import ServerState
 from voxgate.serving.stream import EngineStream
-from voxgate.types import AudioChunk, SynthesisRequest, VoxgateError
+from voxgate.types import SynthesisRequest, VoxgateError
 
 
 class ReplyOptions(BaseModel):
@@ -169,18 +168,18 @@ class Reply:
     def _synthesise(self, segment: Segment) -> ChunkStream:
         voice, language = self.plan.request.voice, self.plan.request.language
         request = SynthesisRequest(text=segment.text, voice=voice, language=language)
-        hit = self.state.starters.match(request.voice, segment.text) if segment.kind == "starter" else None
-        if hit is None or not self.state.settings.starter_cache:
-            return EngineStream(self.engine, request, self.state.engine_pool)
+
+        def engine(text: str) -> ChunkStream:
+            return EngineStream(self.engine, replace(request, text=text), self.state.engine_pool)
+
+        opener = None
+        if segment.kind == "starter" and self.state.settings.starter_cache:
+            opener = opener_stream(self.state.starters, request, self.state.settings.chunk_ms, engine)
+        if opener is None:
+            return engine(segment.text)
         self._cached.add(segment.index)
         self.state.metrics.starter_hits.inc()
-        rest = None
-        if any(ch.isalnum() for ch in hit.remainder):  # "好的，" leaves only the comma
-
-            def rest() -> ChunkStream:
-                return EngineStream(self.engine, replace(request, text=hit.remainder), self.state.engine_pool)
-
-        return CachedOpener(hit, self.state.settings.chunk_ms, rest)
+        return opener
 
     async def _pace(self, seconds: float) -> None:
         """Hold a piece of `seconds` until the client's buffer (audio sent but not yet played,
@@ -231,37 +230,6 @@ class Reply:
         metrics.bridge_replies.labels(status).inc()
         return ReplyDone(status, self.spoken(), stats.segments, stats.dropped, stats.queue_peak, dict(stats.triggers),
                          0 in self._cached, timings, error)  # fmt: skip
-
-
-class CachedOpener:
-    """A `ChunkStream`: the cached opener's audio in `chunk_ms` pieces, then the engine on the
-    rest of the segment (started once the first piece is out, so it does not delay it)."""
-
-    def __init__(self, hit: StarterHit, chunk_ms: int, rest: Callable[[], ChunkStream] | None) -> None:
-        step = max(1, hit.sample_rate * chunk_ms // 1000)
-        now = time.perf_counter()
-        self._pieces = [AudioChunk(np.ascontiguousarray(hit.samples[i : i + step]), hit.sample_rate, t_ready=now)
-                        for i in range(0, len(hit.samples), step)]  # fmt: skip
-        self._pieces.reverse()
-        self._rest = rest
-        self._stream: ChunkStream | None = None
-        self._given = 0
-        self._cancelled = False
-
-    async def next(self) -> AudioChunk | None:
-        if self._cancelled:
-            return None
-        if self._given and self._rest is not None and self._stream is None:
-            self._stream = self._rest()
-        if self._pieces:
-            self._given += 1
-            return self._pieces.pop()
-        return await self._stream.next() if self._stream is not None else None
-
-    def cancel(self, reason: str) -> None:
-        self._cancelled = True
-        if self._stream is not None:
-            self._stream.cancel(reason)
 
 
 def _timings(marks: dict[str, float], t_in: float, stopped_at: float | None) -> dict[str, float]:

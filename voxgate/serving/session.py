@@ -18,11 +18,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from voxgate.serving.wsproto import ProtocolError, SessionStart, TextDelta
-from voxgate.text import check_characters
+from voxgate.text import check_characters, is_cjk_char
 from voxgate.text import count_units as text_units
 from voxgate.types import VoxgateError
 
 _SENTENCE_END = re.compile(r"[.!?;:](?=\s|$)|[。！？；\n]")
+_CLAUSE_END = re.compile(r"[,—](?=\s)|[，、]")  # a comma cuts only with the space after it: "1," + "000"
+
+
+def _word_boundary(before: str, after: str) -> bool:
+    """Whether a segment may end between these characters ("" after: not known yet): at
+    whitespace, or beside a CJK character. A delta may end inside a word ("1," then "000",
+    "Hel" then "lo"), so a cut by length waits until the next delta shows where the word ends."""
+    return before.isspace() or after[:1].isspace() or any(c and is_cjk_char(c) for c in (before, after))
 
 
 def count_units(text: str, mode: str) -> int:
@@ -42,6 +50,7 @@ class Segment:
     unit_start: int
     unit_end: int
     queued_at: float = 0.0  # when it became speakable (the caller's clock)
+    starter: bool = False  # the first segment of its utterance (a cached opener may voice it)
 
 
 @dataclass(slots=True)
@@ -84,6 +93,7 @@ class Session:
     _pending_start: int = 0
     _queue: deque[Segment] = field(default_factory=deque)
     _queued_chars: int = 0  # text in _queue
+    _segments_made: int = 0  # segments of the open utterance so far (the starter policy)
     _inflight: Segment | None = None
     _log: list[Entry] = field(default_factory=list)
     _cursor: int = 0  # index into _log of the next entry to send
@@ -111,6 +121,8 @@ class Session:
         self.last_delta_at = now
         if self._pending_chars + len(text) > self.max_text_chars:
             self.flush(now)  # no segment grows past the text limit (HTTP's, for one request)
+        elif self._full() and _word_boundary(self._pending[-1][-1], text[:1]):
+            self.flush(now)  # full, and this delta starts a new word: the cut the last delta could not make
         if not self._pending:
             self._pending_start = self.next_unit
         if text:
@@ -119,8 +131,22 @@ class Session:
         self.next_unit += units
         # A blank delta is kept as at most a space, so its line break is looked for in what was sent.
         ends = _SENTENCE_END.search(text) if text.strip() else "\n" in msg.text
-        if ends or self.next_unit - self._pending_start >= self.config.max_pending_units:
+        starter = self.config.starter_units > 0 and self._segments_made == 0
+        if ends or (starter and _CLAUSE_END.search(text)) or (self._full() and _word_boundary(text[-1:], "")):
             self.flush(now)
+
+    def _full(self) -> bool:
+        return bool(self._pending) and self.next_unit - self._pending_start >= self._limit()
+
+    def _limit(self) -> int:
+        """Units the pending segment may hold. With a starter (`starter_units` n > 0) an
+        utterance's segments grow n, 2n, then `max_pending_units`: the first audio comes after a
+        few words (or the first clause) instead of a sentence, and each next segment is written
+        while the one before plays, as the bridge's segmenter does for an LLM's reply."""
+        n, most = self.config.starter_units, self.config.max_pending_units
+        if n == 0 or self._segments_made >= 2:
+            return most
+        return min(most, n << self._segments_made)
 
     def _admit(self, text: str) -> str:
         """The delta's text as kept: checked like any request's text, whitespace between words
@@ -145,7 +171,9 @@ class Session:
         text = "".join(self._pending)
         if self.next_unit > self._pending_start and text.strip():
             at = self.last_delta_at if now is None else now
-            segment = Segment(self.utterance, text.strip(), self._pending_start, self.next_unit - 1, at)
+            first = self._segments_made == 0
+            segment = Segment(self.utterance, text.strip(), self._pending_start, self.next_unit - 1, at, first)
+            self._segments_made += 1
             self._queue.append(segment)
             self._queued_chars += len(segment.text)
         self._pending.clear()
@@ -251,6 +279,7 @@ class Session:
         self._append(message, None, self.utterance, last + 0.5)
         self.utterance += 1
         self.open = self.ending = False
+        self._segments_made = 0
         self._maybe_finish_session()
 
     def _maybe_finish_session(self) -> None:

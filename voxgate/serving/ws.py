@@ -25,9 +25,11 @@ from typing import Any
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from voxgate.audio import StreamEncoder
+from voxgate.bridge.pipeline import ChunkStream
 from voxgate.serving.auth import Client
 from voxgate.serving.limits import MessageRate, Turn
 from voxgate.serving.session import Entry, Segment, Session
+from voxgate.serving.starter import opener_stream
 from voxgate.serving.state import ServerState
 from voxgate.serving.stream import EngineStream
 from voxgate.serving.ws_live import CONTROL_BYTES, Live, abort, close_quietly, send_now, send_then_close
@@ -370,7 +372,16 @@ class Gateway:
         s, engine = live.session, self.state.require_engine()
         request = replace(live.plan.request, text=segment.text, request_id=f"{s.session_id}:{segment.unit_start}")
         await self.state.limiter.wait(live.owner)  # the client's slots, in turn: never refused mid-utterance
-        live.stream = stream = EngineStream(engine, request, self.state.engine_pool)
+
+        def engine_stream(text: str) -> EngineStream:
+            return EngineStream(engine, replace(request, text=text), self.state.engine_pool)
+
+        stream: ChunkStream | None = None
+        if segment.starter and self.settings.starter_cache:  # a cached opener ("Sure.") plays at once
+            stream = opener_stream(self.state.starters, request, self.settings.chunk_ms, engine_stream)
+            if stream is not None:
+                self.state.metrics.starter_hits.inc()
+        live.stream = stream = stream or engine_stream(request.text)
         encoder = StreamEncoder(live.plan.fmt, engine.sample_rate, live.plan.sample_rate)
         failure: tuple[str, str] | None = None
         try:

@@ -12,9 +12,9 @@ from typing import Any
 
 from fastapi import WebSocket, WebSocketDisconnect
 
+from voxgate.bridge.pipeline import ChunkStream
 from voxgate.serving.session import Session
 from voxgate.serving.state import StreamPlan
-from voxgate.serving.stream import EngineStream
 
 CONTROL_BYTES = 256 << 10  # replies (pongs, errors) and other small messages a client may leave unread
 
@@ -33,7 +33,7 @@ class Live:
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # the writer has something to send
     work: asyncio.Event = field(default_factory=asyncio.Event)  # the synthesiser has something to do
     room: asyncio.Event = field(default_factory=asyncio.Event)  # the send queue drained a little
-    stream: EngineStream | None = None
+    stream: ChunkStream | None = None
     writer: asyncio.Task[None] | None = None
     synth: asyncio.Task[None] | None = None
     detached_at: float | None = None

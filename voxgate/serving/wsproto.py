@@ -46,6 +46,9 @@ class SessionStart(_Message):
     binary: bool = True
     units: Literal["words", "chars"] = "words"
     max_pending_units: int = Field(12, ge=1, le=200)
+    starter_units: int = Field(
+        3, ge=0, le=200, description="an utterance's first segment: at most this many units (0: no starter)"
+    )
     pacing: bool = False
     pacing_lead_ms: int = Field(300, ge=0, le=5000)
     resume: Resume | None = None
@@ -137,7 +140,9 @@ def _from_compat(data: dict[str, Any]) -> dict[str, Any]:
     kind = _COMPAT[data["type"]]
     if kind == "session.start":
         fmt = data.get("response_format", "pcm16")
-        out = {"type": kind, "format": "mulaw" if fmt in ("mulaw", "ulaw") else "pcm16"}
+        # vLLM-Omni speaks sentence by sentence (an audio.start/audio.done pair per sentence), so
+        # its clients get no starter segment.
+        out = {"type": kind, "format": "mulaw" if fmt in ("mulaw", "ulaw") else "pcm16", "starter_units": 0}
         for key in ("voice", "language", "sample_rate"):
             if key in data:
                 out[key] = data[key]
