@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from voxgate.bench.stats import percentile
+from voxgate.stats import percentile
 from voxgate.types import VoxgateError
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 from collections.abc import Sequence
@@ -11,15 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (q in 0..100); None for no data."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    low, high = math.floor(pos), math.ceil(pos)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+from voxgate.stats import percentile
 
 
 def summary(values: Sequence[float], digits: int = 3) -> dict[str, float | int | None]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from voxgate.regress import signals
+from voxgate.stats import percentile
 
 
 @dataclass(slots=True)
@@ -91,11 +92,6 @@ def measure_case(rec: CaseRecording, golden: np.ndarray | None = None, repeat_mi
         m.bit_exact_vs_golden = signals.pcm_hash(golden) == m.hashes[0]
         m.mel_distance_vs_golden_db = signals.mel_distance_db(golden, heard, sr)
     return m
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (q in 0..100); None for no values."""
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else None
 
 
 # per-text gates -> the CaseMetrics field each judges

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from voxgate.regress.gates import Gate
-from voxgate.regress.measure import percentile
+from voxgate.stats import percentile
 
 # gate -> (per-case field in summary.json, or None for the run-level gate value)
 SAMPLES: dict[str, str | None] = {

@@ -1,0 +1,81 @@
+"""The package's layers import only downward (STYLE.md, issue 17's dependency rule).
+
+Every `import` in voxgate, at any depth of a module (function-level imports too), read with
+`ast`. Layers, lowest first: the base (types, config, audio, text, ...), engines, bridge
+(pure: base only), then the product (agent, serving); the harness (bench, regress) and the
+command line sit on top, and nothing in the product imports them.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import voxgate
+
+ROOT = Path(voxgate.__file__).parent
+BASE = {"types", "config", "audio", "audio_decode", "text", "stats", "runtime", "web"}
+HARNESS = {"bench", "regress", "cli", "__main__"}
+ALLOWED = {  # what each part may import besides itself
+    **{part: BASE for part in BASE},
+    "engines": BASE,
+    "bridge": {"types", "text", "stats"},
+    "agent": BASE | {"engines", "bridge", "serving"},
+    "serving": BASE | {"engines", "bridge", "agent"},
+}
+# agent -> serving is the one edge left from before the speech runtime (issue 17): the agent's
+# driver speaks through the server's state and engine streams. It may shrink, never grow.
+AGENT_ON_SERVING = {
+    ("voxgate.agent.driver", "voxgate.serving.llm"),
+    ("voxgate.agent.driver", "voxgate.serving.state"),
+    ("voxgate.agent.driver", "voxgate.serving.stream"),
+    ("voxgate.agent.service", "voxgate.serving.state"),
+}
+
+
+def _part(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else module
+
+
+def _imports() -> dict[str, set[str]]:
+    """voxgate module -> the voxgate modules it imports."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT.parent).with_suffix("")
+        module = ".".join(rel.parts).removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                out[module] |= {a.name for a in node.names if a.name.startswith("voxgate.")}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("voxgate."):
+                out[module].add(node.module)
+    return out
+
+
+def test_every_part_imports_only_the_layers_below_it():
+    wrong = []
+    for module, targets in _imports().items():
+        part = _part(module)
+        if part in HARNESS:
+            continue
+        for target in targets:
+            other = _part(target)
+            if other != part and other not in ALLOWED[part]:
+                wrong.append(f"{module} -> {target}")
+    assert not wrong, "imports against the layers:\n" + "\n".join(sorted(wrong))
+
+
+def test_nothing_in_the_product_imports_the_harness_or_the_command_line():
+    wrong = [f"{m} -> {t}" for m, ts in _imports().items() if _part(m) not in HARNESS
+             for t in ts if _part(t) in HARNESS]  # fmt: skip
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_agent_leans_on_the_server_only_where_it_did():
+    edges = {(m, t) for m, ts in _imports().items() if _part(m) == "agent" for t in ts if _part(t) == "serving"}
+    assert edges <= AGENT_ON_SERVING, f"new agent -> serving imports: {sorted(edges - AGENT_ON_SERVING)}"
+
+
+def test_the_rule_sees_imports_inside_functions():
+    """A guard that cannot fail is no guard: the app's lazy import of the agent is found."""
+    assert "voxgate.agent.service" in _imports()["voxgate.serving.app"]
