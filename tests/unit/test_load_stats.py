@@ -281,3 +281,30 @@ def test_summary_adds_up_sessions_and_marks_unclean_ones():
     assert results["backpressure_events"] == {"pauses": 0, "server_warnings": 0, "drops": 0}
     table = markdown_table(results)
     assert "| 1/2 | 6 | 3 | 3 | 0 | 0 | 0 |" in table and "unit_latency" in table
+
+
+def _audio(ledger: SessionLedger, seq: int, start: int, end: int, seconds: float, t: float) -> None:
+    samples = int(seconds * ledger.sample_rate)
+    header = {"seq": seq, "utterance": 0, "unit_start": start, "unit_end": end, "samples": samples, "bytes": 2 * samples}
+    ledger.audio(header, 2 * samples, t)
+
+
+def test_the_listener_counts_only_silence_the_server_caused():
+    ledger = SessionLedger()
+    ledger.sample_rate = 1000
+    for i, t in enumerate([0.0, 0.1, 0.2, 1.0, 1.1, 1.2]):
+        ledger.sent(i, t)
+    _audio(ledger, 0, 0, 2, 0.5, 0.3)  # plays 0.3..0.8
+    _audio(ledger, 1, 0, 2, 0.5, 0.7)  # arrives before the buffer is dry: plays 0.8..1.3
+    _audio(ledger, 2, 3, 5, 0.5, 1.5)  # dry at 1.3, its text (unit 5) sent at 1.2: 0.2 s underrun
+    assert ledger.underruns == pytest.approx([0.2])
+    slow = SessionLedger()
+    slow.sample_rate = 1000
+    for i, t in enumerate([0.0, 0.1, 0.2, 2.0, 2.1, 2.2]):
+        slow.sent(i, t)
+    _audio(slow, 0, 0, 2, 0.5, 0.3)  # dry at 0.8, but the next text came at 2.2
+    _audio(slow, 1, 3, 5, 0.5, 2.3)  # 0.1 s after its text: that much is the server's
+    assert slow.underruns == pytest.approx([0.1])
+    report = summarize([ledger, slow], sending_s=3.0)["underruns"]
+    assert report["count"] == 2 and report["sessions_with"] == 2 and report["total_ms"] == pytest.approx(300.0)
+    assert [s["count"] for s in report["per_session"]] == [1, 1]

@@ -9,6 +9,12 @@ another utterance, audio `seq` that skips or goes back, a binary frame of the wr
 Two seq jumps are by design: a resume replays, with their original `seq`, the segments this
 client discarded (those ending after its last `units.done`); a cancel drops its utterance's
 unsent audio, seq numbers included, so the next utterance may start past a hole.
+
+Each session also has a listener: it plays an utterance's audio at real time from its first
+audio. An **underrun** is silence the server caused: the listener's buffer ran dry while the
+whole text of the audio that came next (its segment, up to `unit_end`) had already been sent.
+It lasts from the later of the two (buffer empty, text sent) to that audio's arrival. Silence
+while the client had not yet sent the text is the client's pace, not an underrun.
 """
 
 from __future__ import annotations
@@ -71,6 +77,8 @@ class SessionLedger:
         self.repeated_messages = 0
         self.finished = False  # session.done arrived
         self.failure: str | None = None
+        self.play_end: dict[int, float] = {}  # per utterance: when the listener's buffer runs dry
+        self.underruns: list[float] = []  # seconds of each underrun
 
     # ---------------------------------------------------------------- events
 
@@ -90,6 +98,7 @@ class SessionLedger:
             self.mismatch(f"audio seq {seq}: header says {header['bytes']} bytes, frame has {nbytes}")
         if not self._range_ok("audio", utt, start, end):
             return
+        self._listen(utt, end, int(header.get("samples", 0)), t)
         for i in range(start, end + 1):
             self.first_audio_at.setdefault(i, t)
         self.utterance_first_audio.setdefault(utt, t)
@@ -97,6 +106,15 @@ class SessionLedger:
         segment = self.open_segments.setdefault((utt, start, end), _OpenSegment())
         segment.seqs.append(seq)
         segment.samples += int(header.get("samples", 0))
+
+    def _listen(self, utt: int, unit_end: int, samples: int, t: float) -> None:
+        seconds = samples / self.sample_rate if self.sample_rate else 0.0
+        dry = self.play_end.get(utt)
+        if dry is not None:
+            silent_from = max(dry, self.sent_at[unit_end])
+            if t > silent_from:
+                self.underruns.append(t - silent_from)
+        self.play_end[utt] = max(dry if dry is not None else t, t) + seconds
 
     def units_done(self, utt: int, start: int, end: int) -> None:
         """`units.done`: units start..end (inclusive) are spoken."""
@@ -285,6 +303,19 @@ def summarize(ledgers: Sequence[SessionLedger], sending_s: float) -> dict[str, A
         "gateway_ttfa_ms": windowed_ms([s for ledger in ledgers for s in ledger.gateway_ttfas()], sending_s, window),
         "unit_latency_ms": windowed_ms([s for ledger in ledgers for s in ledger.unit_latencies()], sending_s, window),
         "unfaulted": _latencies([ledger for ledger in ledgers if not ledger.injected], sending_s, window),
+        "underruns": underruns(ledgers),
+    }
+
+
+def underruns(ledgers: Sequence[SessionLedger]) -> dict[str, Any]:
+    """Underruns (see the module's docstring) in all, and per session (count, ms)."""
+    per = [(len(ledger.underruns), 1000 * sum(ledger.underruns)) for ledger in ledgers]
+    return {
+        "count": sum(n for n, _ in per),
+        "total_ms": round(sum(ms for _, ms in per), 1),
+        "sessions_with": sum(n > 0 for n, _ in per),
+        "worst_session_ms": round(max((ms for _, ms in per), default=0.0), 1),
+        "per_session": [{"count": n, "ms": round(ms, 1)} for n, ms in per],
     }
 
 
@@ -301,14 +332,15 @@ def _latencies(ledgers: Sequence[SessionLedger], sending_s: float, window: float
 
 def markdown_table(results: Mapping[str, Any]) -> str:
     """The run's summary as Markdown: counts, then TTFA and UnitLatency by window."""
-    u, r, e = results["units"], results["resumes"], results["errors"]
+    u, r, e, x = results["units"], results["resumes"], results["errors"], results["underruns"]
     lines = [
         "| sessions ok | units sent | received | missing | duplicate | mismatched | cancelled "
-        "| resumes ok | errors injected | errors other | audio s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| resumes ok | errors injected | errors other | audio s | underruns (sessions, ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
         f"| {results['sessions_ok']}/{results['sessions']} | {u['sent']} | {u['received']} | {u['missing']} "
         f"| {u['duplicate']} | {u['mismatched']} | {u['cancelled']} | {r['succeeded']}/{r['attempted']} "
-        f"| {sum(e['injected'].values())} | {sum(e['other'].values())} | {results['audio_s']:.1f} |",
+        f"| {sum(e['injected'].values())} | {sum(e['other'].values())} | {results['audio_s']:.1f} "
+        f"| {x['count']} ({x['sessions_with']}, {x['total_ms']}) |",
         "",
         "| metric (ms) | window | n | p50 | p95 | p99 |",
         "|---|---|---|---|---|---|",
