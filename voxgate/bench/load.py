@@ -79,6 +79,7 @@ class LoadParams:
     backpressure_pause_s: float = 10.0
     reconnect_delay_s: float = 1.0
     utterance_units: int = 0  # end an utterance every this many units (0: the whole text is one)
+    starter_units: int | None = None  # session.start's starter_units (None: the server's default)
     seed: int = 0
     api_key: str | None = None
     voice: str | None = None
@@ -111,6 +112,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         )
     add("--backpressure-pause-s", type=float, default=10.0, help="how long a backpressure session stops reading")
     add("--reconnect-delay-s", type=float, default=1.0, help="wait before reconnecting after a dropped socket")
+    add(
+        "--starter-units", type=int, default=None,
+        help="session.start's starter_units: the first segment's size (0: none; default: the server's, 3)",
+    )  # fmt: skip
     add("--api-key", default=None, help="bearer key, when the server has API keys")
     add("--voice", default=None, help="voice id (default: the server's)")
     add("--seed", type=int, default=0, help="seed of the fault plan (default 0)")
@@ -127,7 +132,7 @@ def params_from_args(args: argparse.Namespace) -> LoadParams:
     params = LoadParams(
         url=args.url, scenario=args.scenario, concurrency=args.concurrency, cps=args.cps, duration_s=args.duration,
         units=args.units, utterance_units=args.utterance_units, backpressure_pause_s=args.backpressure_pause_s,
-        reconnect_delay_s=args.reconnect_delay_s,
+        reconnect_delay_s=args.reconnect_delay_s, starter_units=args.starter_units,
         seed=args.seed, api_key=args.api_key, voice=args.voice, text_file=args.text_file,
         output_json=args.output_json, **faults,
     )  # fmt: skip

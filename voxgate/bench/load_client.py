@@ -90,6 +90,8 @@ class SessionClient:
         start: dict[str, Any] = {"type": "session.start", "format": "pcm16", "binary": True, "units": self.params.units}
         if self.params.voice:
             start["voice"] = self.params.voice
+        if self.params.starter_units is not None:
+            start["starter_units"] = self.params.starter_units
         await self.link.ws.send(json.dumps(start))
         reply = await self._started(self.link)
         if reply.get("type") != "session.started":

@@ -24,8 +24,6 @@ from voxgate import __version__
 from voxgate.config import Settings
 from voxgate.engines.base import Engine
 from voxgate.runtime import settle_heap
-from voxgate.serving.agent_http import AgentCalls, agent_calls
-from voxgate.serving.agent_http import router as agent_router
 from voxgate.serving.auth import Authenticator, Client, OriginPolicy
 from voxgate.serving.bridge import router as bridge_router
 from voxgate.serving.bridge_ws import router as bridge_ws_router
@@ -76,6 +74,8 @@ def create_app(
             yield
         finally:
             if settings.agent_max_calls:
+                from voxgate.serving.agent_http import agent_calls
+
                 await agent_calls(app.state).close_all()
             await loader
             state.close()
@@ -89,8 +89,10 @@ def create_app(
     app.include_router(bridge_router)
     app.include_router(bridge_ws_router)
     app.include_router(token_router)
-    if settings.agent_max_calls:  # the voice agent over WebRTC
+    if settings.agent_max_calls:  # the voice agent over WebRTC (aiortc and av load only then)
         from voxgate.agent.service import AgentService
+        from voxgate.serving.agent_http import AgentCalls
+        from voxgate.serving.agent_http import router as agent_router
 
         app.state.agent_calls = AgentCalls(max_calls=settings.agent_max_calls)
         app.state.agent_factory = AgentService(state)
