@@ -13,7 +13,8 @@ VOXGATE_MAX_STREAMS=64 VOXGATE_MAX_STREAMS_PER_CLIENT=64 \
     python3 -m voxgate serve --port 8765 > $OUT/serve.log 2>&1 &
 SERVER=$!
 for i in $(seq 300); do
-    curl -sf localhost:8765/healthz | grep -q '"ready": *true' && break
+    curl -sf localhost:8765/healthz > /dev/null && break
+    kill -0 $SERVER 2>/dev/null || { echo "server exited"; tail -30 $OUT/serve.log; exit 1; }
     sleep 1
 done
 curl -s localhost:8765/healthz > $OUT/healthz.json
