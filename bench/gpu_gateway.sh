@@ -9,7 +9,7 @@ export PYTHONPATH=$PWD VOXGATE_LLM_EMBEDDED=false VOXGATE_AGENT_MAX_CALLS=0
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch; print('torch', torch.__version__)"; } > $OUT/machine.txt
 python3 -m voxgate make-random-checkpoint --configs .gpu/qwen3-tts --model Qwen3-TTS-12Hz-0.6B-CustomVoice --out /tmp/cv06 --seed $SEED > $OUT/checkpoint.txt 2>&1 || exit 1
 VOXGATE_ENGINE=qwen3 VOXGATE_QWEN3_MODEL_DIR=/tmp/cv06 VOXGATE_QWEN3_DEVICE=cuda VOXGATE_QWEN3_DTYPE=bfloat16 \
-VOXGATE_MAX_STREAMS=64 VOXGATE_MAX_STREAMS_PER_CLIENT=64 \
+VOXGATE_MAX_STREAMS=64 VOXGATE_MAX_STREAMS_PER_CLIENT=64 VOXGATE_MAX_SESSIONS_PER_CLIENT=64 \
     python3 -m voxgate serve --port 8765 > $OUT/serve.log 2>&1 &
 SERVER=$!
 for i in $(seq 300); do
