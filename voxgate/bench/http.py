@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from voxgate.bench.server import ServerProcess
+from voxgate.bench.server import ServerProcess, add_set_argument, settings_env
 from voxgate.bench.stats import machine, summary, write_report
 
 SENTENCE = "The quick brown fox jumps over the lazy dog near the river."  # 12 words
@@ -30,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n", type=int, default=30, help="timed requests per series (default 30)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed requests first (default 3)")
     parser.add_argument("--concurrency", type=int, default=20, help="concurrent streams in the burst series")
+    add_set_argument(parser)
     parser.add_argument("--output-json", default=None, help="where to write results (default bench/results/...)")
 
 
@@ -83,10 +84,12 @@ def _series(url: str, text: str, n: int, warmup: int, concurrency: int, admin: d
     }
 
 
-def bench_engine(engine: str, n: int, warmup: int, concurrency: int) -> dict[str, Any]:
+def bench_engine(
+    engine: str, n: int, warmup: int, concurrency: int, settings: dict[str, str] | None = None
+) -> dict[str, Any]:
     t0 = time.perf_counter()
     limits = {"MAX_STREAMS": str(max(64, concurrency)), "MAX_STREAMS_PER_CLIENT": str(max(8, concurrency))}
-    with ServerProcess(engine=engine, env=limits) as server:
+    with ServerProcess(engine=engine, env={**limits, **(settings or {})}) as server:
         startup_s = time.perf_counter() - t0
         print(f"[{engine}] server ready in {startup_s:.1f} s at {server.url}", flush=True)
         result: dict[str, Any] = {"startup_s": round(startup_s, 2)}
@@ -121,12 +124,14 @@ def _table(results: dict[str, Any]) -> str:
 def run_http_bench(args: argparse.Namespace) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     before = machine()
-    results = {e: bench_engine(e, args.n, args.warmup, args.concurrency) for e in engines}
+    settings = settings_env(args.set, "voxgate bench http")
+    results = {e: bench_engine(e, args.n, args.warmup, args.concurrency, settings) for e in engines}
     stamp = datetime.now(UTC)
     report = {
         "bench": "http",
         "date": stamp.isoformat(timespec="seconds"),
-        "command": f"voxgate bench http --engines {args.engines} --n {args.n} --concurrency {args.concurrency}",
+        "command": f"voxgate bench http --engines {args.engines} --n {args.n} --concurrency {args.concurrency}"
+        + "".join(f" --set {pair}" for pair in args.set),
         "machine": before,
         "load_avg_1m_after": machine()["load_avg_1m"],
         "results": results,
