@@ -12,22 +12,22 @@ export PYTHONPATH=$PWD VOXGATE_LLM_EMBEDDED=false VOXGATE_AGENT_MAX_CALLS=0
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch; print('torch', torch.__version__)"; } > $OUT/machine.txt
 python3 -m voxgate make-random-checkpoint --configs .gpu/qwen3-tts --model $MODEL --out /tmp/ckpt --seed $SEED > $OUT/checkpoint-$TAG.txt 2>&1 || exit 1
 QWEN="QWEN3_MODEL_DIR=/tmp/ckpt QWEN3_DEVICE=cuda QWEN3_DTYPE=bfloat16"
-env $(for kv in $QWEN; do printf 'VOXGATE_%s ' $kv; done) VOXGATE_ENGINE=qwen3 \
+[ "${LOAD:-1}" = 1 ] && env $(for kv in $QWEN; do printf 'VOXGATE_%s ' $kv; done) VOXGATE_ENGINE=qwen3 \
     VOXGATE_MAX_STREAMS=64 VOXGATE_MAX_STREAMS_PER_CLIENT=64 VOXGATE_MAX_SESSIONS_PER_CLIENT=64 \
     python3 -m voxgate serve --port 8765 > $OUT/serve-$TAG.log 2>&1 &
 SERVER=$!
-for i in $(seq 300); do
+[ "${LOAD:-1}" = 1 ] && for i in $(seq 300); do
     curl -sf localhost:8765/healthz > /dev/null && break
     kill -0 $SERVER 2>/dev/null || { echo "server exited"; tail -30 $OUT/serve-$TAG.log; exit 1; }
     sleep 1
 done
-for su in 3 0; do
+[ "${LOAD:-1}" = 1 ] && for su in 3 0; do
     python3 -m voxgate load --url ws://127.0.0.1:8765/v1/tts/ws --concurrency 64 --cps 5 --duration 30 \
         --starter-units $su --output-json $OUT/load-$TAG-starter$su.json > $OUT/load-$TAG-starter$su.txt 2>&1
 done
-kill $SERVER; wait $SERVER 2>/dev/null
+kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null
 if [ "${HTTP:-1}" = 1 ]; then
     python3 -m voxgate bench http --engines qwen3 --n 64 --warmup 4 --concurrency 64 \
-        $(for kv in $QWEN; do printf -- '--set %s ' $kv; done) \
+        $(for kv in $QWEN AGENT_MAX_CALLS=0; do printf -- '--set %s ' $kv; done) \
         --output-json $OUT/http-$TAG.json > $OUT/http-$TAG.txt 2>&1
 fi
