@@ -285,7 +285,14 @@ def test_summary_adds_up_sessions_and_marks_unclean_ones():
 
 def _audio(ledger: SessionLedger, seq: int, start: int, end: int, seconds: float, t: float) -> None:
     samples = int(seconds * ledger.sample_rate)
-    header = {"seq": seq, "utterance": 0, "unit_start": start, "unit_end": end, "samples": samples, "bytes": 2 * samples}
+    header = {
+        "seq": seq,
+        "utterance": 0,
+        "unit_start": start,
+        "unit_end": end,
+        "samples": samples,
+        "bytes": 2 * samples,
+    }
     ledger.audio(header, 2 * samples, t)
 
 
