@@ -25,8 +25,8 @@ class SlowLLM:
     message of each request as it arrives, then streams `tokens` words once the gate is open.
     A user message starting with `fail` gets a 500 naming an internal address."""
 
-    def __init__(self, tokens: int = 5) -> None:
-        self.tokens = tokens
+    def __init__(self, tokens: int = 5, opening: str = "") -> None:
+        self.tokens, self.opening = tokens, opening  # `opening`: a first delta before the words
         self.arrived: list[str] = []
         self.hung_up: list[str] = []  # answers whose reader (voxgate) left mid-stream
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -60,6 +60,8 @@ class SlowLLM:
             yield ": opening\n\n"
             assert self._gate is not None
             await self._gate.wait()
+            if self.opening:
+                yield "data: " + json.dumps({"choices": [{"delta": {"content": self.opening}}]}) + "\n\n"
             for i in range(self.tokens):
                 yield "data: " + json.dumps({"choices": [{"delta": {"content": f"word{i}. "}}]}) + "\n\n"
             yield "data: [DONE]\n\n"

@@ -9,7 +9,10 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.conftest import metric
+from tests.integration.fake_llm import SlowLLM, serve_llm
 from voxgate.agent.bot import AgentBot
+from voxgate.bench.server import ServerProcess
 from voxgate.engines.piper import PiperEngine
 from voxgate.types import CancelToken, SynthesisRequest
 
@@ -86,3 +89,26 @@ def _sample(metrics: str, name: str) -> float:
     line = next((x for x in metrics.splitlines() if x.startswith(name)), None)
     assert line is not None, f"{name} not in /metrics"
     return float(line.rsplit(" ", 1)[1])
+
+
+def test_a_reply_that_opens_with_a_cached_opener_plays_it_from_the_starter_cache(speak):
+    """The agent speaks an LLM reply as the bridge does: a starter that is a cached opener
+    ("Sure.") is played from the starter cache, not synthesised."""
+
+    async def call(url: str) -> None:
+        bot = AgentBot()
+        await bot.connect(url)
+        try:
+            assert await bot.wait_event("call.started", 30)
+            said = await bot.say(*speak("Can you help me with something?"))
+            assert await bot.wait_for(lambda: bool(_of(bot, "reply.end")), 90), [e for _, e in bot.events]
+            assert _of(bot, "reply.end")[0]["status"] == "completed"
+            assert _rms(bot.received_audio(since=said)) > 0.01
+        finally:
+            await bot.hang_up()
+
+    with serve_llm(SlowLLM(tokens=3, opening="Sure. ")) as (_, llm_url):
+        with ServerProcess("piper", env={"LLM_URL": llm_url}) as server:
+            hits = metric(server, "voxgate_starter_cache_hits_total")
+            asyncio.run(asyncio.wait_for(call(server.url), 150))
+            assert metric(server, "voxgate_starter_cache_hits_total") == hits + 1

@@ -2,8 +2,9 @@
 
 Every `import` in voxgate, at any depth of a module (function-level imports too), read with
 `ast`. Layers, lowest first: the base (types, config, audio, text, ...), engines, bridge
-(pure: base only), then the product (agent, serving); the harness (bench, regress) and the
-command line sit on top, and nothing in the product imports them.
+(pure: base only), the speech runtime (speech), then the product (agent, serving); the
+harness (bench, regress) and the command line sit on top, and nothing in the product imports
+them.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ ALLOWED = {  # what each part may import besides itself
     **{part: BASE for part in BASE},
     "engines": BASE,
     "bridge": {"types", "text", "stats"},
-    "agent": BASE | {"engines", "bridge", "serving"},
-    "serving": BASE | {"engines", "bridge", "agent"},
+    "speech": BASE | {"engines", "bridge"},
+    "agent": BASE | {"engines", "bridge", "speech", "serving"},
+    "serving": BASE | {"engines", "bridge", "speech", "agent"},
 }
 # agent -> serving is the one edge left from before the speech runtime (issue 17): the agent's
 # driver speaks through the server's state and engine streams. It may shrink, never grow.

@@ -1,6 +1,6 @@
 import numpy as np
 
-from voxgate.serving.starter import StarterCache
+from voxgate.speech.starter import StarterCache
 
 AUDIO = np.ones(10, dtype=np.float32)
 

@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Hashable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,6 +36,7 @@ from voxgate.bridge.segmenter import Segment, Segmenter
 from voxgate.serving.llm import llm_config
 from voxgate.serving.state import ServerState
 from voxgate.serving.stream import EngineStream
+from voxgate.speech.starter import opener_stream
 from voxgate.types import SynthesisRequest, VoxgateError
 
 log = logging.getLogger(__name__)
@@ -199,7 +200,16 @@ class CallDriver:
             request = SynthesisRequest(
                 text=segment.text, voice=voice.voice, language=voice.language, priority=LIVE_TURN_PRIORITY
             )
-            return EngineStream(engine, request, self.state.engine_pool)
+
+            def engine_stream(text: str) -> ChunkStream:
+                return EngineStream(engine, replace(request, text=text), self.state.engine_pool)
+
+            if segment.kind == "starter" and self.state.settings.starter_cache:  # "Sure." plays from memory
+                opener = opener_stream(self.state.starters, request, self.state.settings.chunk_ms, engine_stream)
+                if opener is not None:
+                    self.state.metrics.starter_hits.inc()
+                    return opener
+            return engine_stream(segment.text)
 
         openers = self.state.starters.phrases(voice.voice) if self.state.settings.starter_cache else []
         pipeline = ReplyPipeline(synthesise, Segmenter(openers=openers))

@@ -31,9 +31,9 @@ from voxgate.bridge.pipeline import ChunkStream, ReplyPipeline, heard_text
 from voxgate.bridge.segmenter import Segment, Segmenter
 from voxgate.serving.fair import Lease
 from voxgate.serving.llm import llm_config
-from voxgate.serving.starter import opener_stream
 from voxgate.serving.state import ServerState
 from voxgate.serving.stream import EngineStream
+from voxgate.speech.starter import opener_stream
 from voxgate.types import SynthesisRequest, VoxgateError
 
 

@@ -18,9 +18,9 @@ from voxgate.serving.auth import Authenticator
 from voxgate.serving.fair import FairLimiter
 from voxgate.serving.limits import SessionCounter, StreamLimiter
 from voxgate.serving.metrics import Metrics
-from voxgate.serving.starter import StarterCache
 from voxgate.serving.voices import VoiceOwners
 from voxgate.serving.workers import EnginePool
+from voxgate.speech.starter import StarterCache
 from voxgate.text import check_text, normalize_language
 from voxgate.types import (
     NotReady,

@@ -29,11 +29,11 @@ from voxgate.bridge.pipeline import ChunkStream
 from voxgate.serving.auth import Client
 from voxgate.serving.limits import MessageRate, Turn
 from voxgate.serving.session import Entry, Segment, Session
-from voxgate.serving.starter import opener_stream
 from voxgate.serving.state import ServerState
 from voxgate.serving.stream import EngineStream
 from voxgate.serving.ws_live import CONTROL_BYTES, Live, abort, close_quietly, send_now, send_then_close
 from voxgate.serving.wsproto import Bare, Ping, ProtocolError, SessionStart, TextDelta, error, omni_frames, parse_client
+from voxgate.speech.starter import opener_stream
 from voxgate.types import VoxgateError
 
 log = logging.getLogger(__name__)
