@@ -10,9 +10,11 @@ No engine call gets more than `max_piece_chars` characters: `stream_pieces` (wha
 as one stream, so an engine's memory and the time one call holds the CPU stay bounded
 whatever a client sends.
 
-An engine that computes in the calling thread may declare `parallel_calls` (an int): how
-many stream calls can usefully run at once. The server then runs engine calls on that many
-threads, most urgent first (`voxgate.serving.workers`), instead of one thread per stream.
+The contract is explicit (engines subclass `Engine`, which gives the defaults): besides
+the methods, `parallel_calls` says how many stream calls can usefully compute at once in the
+calling thread (the server then runs engine calls on that many threads, most urgent first:
+`voxgate.serving.workers`), or None for an engine that queues its own work (one thread per
+stream, mostly waiting); `counters()` gives numbers for /metrics (none by default).
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ DEFAULT_MAX_PIECE_CHARS: int = Settings.model_fields["max_piece_chars"].default
 class Engine(Protocol):
     name: str
     sample_rate: int
+    parallel_calls: int | None = None  # calls computing at once in the caller's thread; None: queued inside
+
+    def counters(self) -> dict[str, dict[str, float]]:
+        """Numbers for /metrics by group (`<group>_now` groups are gauges); none by default."""
+        return {}
 
     def voices(self) -> list[VoiceInfo]:
         """Voices this engine offers; the first is the default."""

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from voxgate.config import Settings
+from voxgate.engines.base import Engine
 from voxgate.text import count_units
 from voxgate.types import AudioChunk, CancelToken, EngineFailure, SynthesisRequest, VoiceInfo
 
@@ -38,7 +39,7 @@ _ESPEAK_LOCK = threading.Lock()  # one espeak-ng instance per process
 MAX_RUN_PHONEMES = 200  # ~10 s of audio: longer than the sentences of ordinary prose (~130 for 130 characters)
 
 
-class PiperEngine:
+class PiperEngine(Engine):
     name = "piper"
 
     def __init__(self, model_path: Path | None = None, threads: int = 0, parallel: int = 1) -> None:

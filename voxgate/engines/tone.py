@@ -19,6 +19,7 @@ from functools import lru_cache
 import numpy as np
 
 from voxgate.config import Settings
+from voxgate.engines.base import Engine
 from voxgate.text import split_units
 from voxgate.types import AudioChunk, CancelToken, EngineFailure, SynthesisRequest, VoiceInfo
 
@@ -51,7 +52,7 @@ def unit_tone(unit_text: str, n: int, pitch: float, sample_rate: int = SAMPLE_RA
     return tone
 
 
-class ToneEngine:
+class ToneEngine(Engine):
     name = "tone"
     sample_rate = SAMPLE_RATE
 

@@ -88,7 +88,7 @@ class ServerState:
             if self.engine is None:
                 self.engine = create_engine(self.settings.engine, self.settings)
             self.engine_pool.workers = self._engine_workers(self.engine)
-            if getattr(self.engine, "parallel_calls", None):  # calls compute: fewer hops, new streams first
+            if self.engine.parallel_calls:  # calls compute: fewer hops, new streams first
                 self.engine_pool.batch_s = self.settings.engine_batch_ms / 1000
                 self.engine_pool.hold_s = self.settings.engine_hold_ms / 1000
             voices = [v.id for v in self.engine.voices()]
@@ -103,9 +103,7 @@ class ServerState:
             log.exception("start-up failed")
             return
         self._start_llm()
-        counters = getattr(self.engine, "counters", None)
-        if callable(counters):
-            self.metrics.watch_engine(counters)
+        self.metrics.watch_engine(self.engine.counters)
         self.ready = True
         self.metrics.ready.set(1)
         log.info(
@@ -134,7 +132,7 @@ class ServerState:
         engine computing in the caller's thread), else one per stream (calls that wait)."""
         if self.settings.engine_workers:
             return self.settings.engine_workers
-        return getattr(engine, "parallel_calls", None) or self.engine_pool.workers
+        return engine.parallel_calls or self.engine_pool.workers
 
     def history_chars(self) -> int:
         """How much conversation to send the LLM: about half the embedded LLM's context (~3

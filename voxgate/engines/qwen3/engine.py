@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from voxgate.audio import resample
+from voxgate.engines.base import Engine
 from voxgate.engines.qwen3.batch import BatchDecoder
 from voxgate.engines.qwen3.codec import DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
@@ -60,7 +61,7 @@ _LANGUAGES = {"en": "english", "zh": "chinese", "ja": "japanese", "ko": "korean"
               "ru": "russian", "pt": "portuguese", "es": "spanish", "it": "italian"}  # fmt: skip
 
 
-class Qwen3Engine:
+class Qwen3Engine(Engine):
     name = "qwen3"
     sample_rate = SAMPLE_RATE
 
