@@ -160,3 +160,26 @@ def test_a_client_that_leaves_mid_reply_frees_its_stream(bridge):
     _run(run())
     assert wait_for(lambda: metric(bridge, "voxgate_active_streams") == 0)  # freed once the server sees the close
     assert httpx.get(bridge.url + "/healthz").status_code == 200
+
+
+def test_a_reply_starts_before_the_next_message_is_answered(bridge):
+    """Twenty (`user`, `ping`) pairs in one burst: each `pong` comes after its turn's
+    `reply.start` (a client may use a ping as a barrier: every turn sent before it has
+    started). Before, the reader answered a ping queued behind a turn before the turn's reply
+    task had sent `reply.start` (the socket fuzzer's 150-turn flood caught it under load)."""
+
+    async def run() -> list[dict]:
+        async with _call(bridge) as call:
+            for n in range(20):
+                await call.ws.send(json.dumps({"type": "user", "content": f"{ASK} ({n})"}))
+                await call.ws.send(json.dumps({"type": "ping", "id": n}))
+            while (m := await call.next())["type"] != "pong" or m["id"] != 19:
+                pass
+            await call.send(type="cancel")
+            await call.until("done")
+            return call.messages
+
+    messages = _run(run())
+    for n in range(20):
+        at = next(i for i, m in enumerate(messages) if m["type"] == "pong" and m["id"] == n)
+        assert sum(m["type"] == "reply.start" for m in messages[:at]) == n + 1, f"pong {n} overtook its turn"

@@ -158,7 +158,7 @@ class _Call:
                 self.conversation.system = message.system or None
         elif isinstance(message, User):
             await self._interrupt(None)
-            self._start(message.content)
+            await self._start(message.content)
         elif isinstance(message, Cancel):
             if self.reply is None:
                 raise ProtocolError("nothing_to_cancel", "no reply is speaking")
@@ -171,17 +171,23 @@ class _Call:
         else:
             await self._send({"type": "pong", "id": message.id})
 
-    def _start(self, user: str) -> None:
+    async def _start(self, user: str) -> None:
+        """`reply.start` goes out before the next message is read (a `ping` sent after a `user`
+        is answered after its `reply.start`), then the reply speaks on a task of its own."""
         self.replies += 1
         reply = Reply(self.state, self.options, self.conversation.messages(user), time.perf_counter(),
                       self.client.id)  # fmt: skip
+        try:
+            await self._send({"type": "reply.start", "reply": self.replies, "sample_rate": reply.plan.sample_rate})
+        except BaseException:
+            reply.close()
+            raise
         self.reply = reply
         self.speaker = asyncio.get_running_loop().create_task(self._speak(reply, self.replies, user))
 
     async def _speak(self, reply: Reply, number: int, user: str) -> None:
         recorded = False
         try:
-            await self._send({"type": "reply.start", "reply": number, "sample_rate": reply.plan.sample_rate})
             async for event in reply.events():
                 if isinstance(event, AudioOut):
                     await self._send(event.pcm)
