@@ -233,6 +233,8 @@ async def exchange(target: Target, protocol: str, sent: list[Frame], timeout: fl
             await asyncio.wait_for(_settled(transcript, sentinel), timeout)
             if _session_open(transcript):  # end it, so every unit is accounted for
                 await _end_session(ws, transcript, timeout)
+            elif transcript.of("session.done"):  # the server's close (1000) follows; it may not be here yet
+                await asyncio.wait_for(transcript.closed.wait(), timeout)
         except TimeoutError:
             transcript.problems.append(f"no answer and no close within {timeout} s (a hang)")
         transcript.check_close(done, FRAME_LIMIT)
