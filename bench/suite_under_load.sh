@@ -12,11 +12,12 @@ command -v stress-ng > /dev/null || { echo "needs stress-ng (apt-get install str
 stress-ng --cpu 2 --timeout 0 > /dev/null 2>&1 &
 STRESS=$!
 trap 'kill $STRESS 2> /dev/null' EXIT
+COMMIT=$(git -C "$HERE" rev-parse HEAD)  # every run tests this commit, even if HEAD moves meanwhile
 echo "$(date -u +%FT%TZ) stress-ng --cpu 2 beside $RUNS runs of $(git -C "$HERE" rev-parse --short HEAD)" >> "$LOG"
 i=1
 while [ $i -le "$RUNS" ]; do
     DIR=$PARENT/suite-check-$i
-    rm -rf "$DIR" && git clone -q "$HERE" "$DIR"
+    rm -rf "$DIR" && git clone -q "$HERE" "$DIR" && git -C "$DIR" checkout -q "$COMMIT"
     start=$(date +%s)
     (cd "$DIR" && make test) > "$DIR.log" 2>&1
     rc=$?
