@@ -1,33 +1,47 @@
 #!/bin/sh
 # On the device machine (after bench/gpu_bundle.sh here, carrying .gpu): the WebSocket gateway
 # on qwen3 (random-weight checkpoint, bf16, CUDA graphs), 64 sessions at 5 words/s, with and
-# without the starter segment; then 64 concurrent HTTP /tts/stream. Results under $OUT.
+# without the starter segment; then 64 concurrent HTTP /tts/stream.
 # Usage: sh bench/gpu_gateway.sh [seed] [model]   (model default Qwen3-TTS-12Hz-0.6B-CustomVoice)
+# Environment: RES (results folder, default $OUT), SRC (the voxgate tree the server runs, default
+# this one: e.g. an older commit's voxgate/ unpacked with `git archive`, for an A/B on one machine; the
+# load client is always this tree's), STARTERS (starter_units values, default "3 0"), LOAD=0 /
+# HTTP=0 (skip a part).
 set -u
 SEED=${1:-11}
 MODEL=${2:-Qwen3-TTS-12Hz-0.6B-CustomVoice}
 TAG=$(echo $MODEL | sed 's/Qwen3-TTS-12Hz-//')
+RES=${RES:-$OUT}
+SRC=${SRC:-$PWD}
+mkdir -p "$RES"
 python3 -m pip install -q --no-index --no-deps .gpu/wheels/*.whl 2>&1 | tail -2
-export PYTHONPATH=$PWD VOXGATE_LLM_EMBEDDED=false VOXGATE_AGENT_MAX_CALLS=0
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch; print('torch', torch.__version__)"; } > $OUT/machine.txt
-python3 -m voxgate make-random-checkpoint --configs .gpu/qwen3-tts --model $MODEL --out /tmp/ckpt --seed $SEED > $OUT/checkpoint-$TAG.txt 2>&1 || exit 1
-QWEN="QWEN3_MODEL_DIR=/tmp/ckpt QWEN3_DEVICE=cuda QWEN3_DTYPE=bfloat16"
-[ "${LOAD:-1}" = 1 ] && env $(for kv in $QWEN; do printf 'VOXGATE_%s ' $kv; done) VOXGATE_ENGINE=qwen3 \
-    VOXGATE_MAX_STREAMS=64 VOXGATE_MAX_STREAMS_PER_CLIENT=64 VOXGATE_MAX_SESSIONS_PER_CLIENT=64 \
-    python3 -m voxgate serve --port 8765 > $OUT/serve-$TAG.log 2>&1 &
-SERVER=$!
-[ "${LOAD:-1}" = 1 ] && for i in $(seq 300); do
-    curl -sf localhost:8765/healthz > /dev/null && break
-    kill -0 $SERVER 2>/dev/null || { echo "server exited"; tail -30 $OUT/serve-$TAG.log; exit 1; }
-    sleep 1
-done
-[ "${LOAD:-1}" = 1 ] && for su in 3 0; do
-    python3 -m voxgate load --url ws://127.0.0.1:8765/v1/tts/ws --concurrency 64 --cps 5 --duration 30 \
-        --starter-units $su --output-json $OUT/load-$TAG-starter$su.json > $OUT/load-$TAG-starter$su.txt 2>&1
-done
-kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null
+export VOXGATE_LLM_EMBEDDED=false VOXGATE_AGENT_MAX_CALLS=0
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch; print('torch', torch.__version__)"; echo "server tree: $SRC"; } > $RES/machine.txt
+[ -d /tmp/ckpt-$TAG-$SEED ] || PYTHONPATH=$PWD python3 -m voxgate make-random-checkpoint --configs .gpu/qwen3-tts \
+    --model $MODEL --out /tmp/ckpt-$TAG-$SEED --seed $SEED > $RES/checkpoint-$TAG.txt 2>&1 || exit 1
+QWEN="QWEN3_MODEL_DIR=/tmp/ckpt-$TAG-$SEED QWEN3_DEVICE=cuda QWEN3_DTYPE=bfloat16"
+if [ "${LOAD:-1}" = 1 ]; then
+    (cd "$SRC" && exec env PYTHONPATH=$SRC $(for kv in $QWEN; do printf 'VOXGATE_%s ' $kv; done) \
+        VOXGATE_ENGINE=qwen3 VOXGATE_MAX_STREAMS=64 VOXGATE_MAX_STREAMS_PER_CLIENT=64 \
+        VOXGATE_MAX_SESSIONS_PER_CLIENT=64 VOXGATE_ADMIN_KEYS=bench-admin VOXGATE_TIMINGS_KEPT=100000 \
+        python3 -m voxgate serve --port 8765) > $RES/serve-$TAG.log 2>&1 &
+    SERVER=$!
+    for i in $(seq 300); do
+        curl -sf localhost:8765/healthz > /dev/null && break
+        kill -0 $SERVER 2>/dev/null || { echo "server exited"; tail -30 $RES/serve-$TAG.log; exit 1; }
+        sleep 1
+    done
+    for su in ${STARTERS:-3 0}; do
+        PYTHONPATH=$PWD python3 -m voxgate load --url ws://127.0.0.1:8765/v1/tts/ws --concurrency 64 --cps 5 \
+            --duration 30 --starter-units $su --admin-key bench-admin \
+            --output-json $RES/load-$TAG-starter$su.json > $RES/load-$TAG-starter$su.txt 2>&1
+        tail -4 $RES/load-$TAG-starter$su.txt
+    done
+    kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null
+fi
 if [ "${HTTP:-1}" = 1 ]; then
-    python3 -m voxgate bench http --engines qwen3 --n 64 --warmup 4 --concurrency 64 \
+    (cd "$SRC" && PYTHONPATH=$SRC python3 -m voxgate bench http --engines qwen3 --n 64 --warmup 4 --concurrency 64 \
         $(for kv in $QWEN AGENT_MAX_CALLS=0; do printf -- '--set %s ' $kv; done) \
-        --output-json $OUT/http-$TAG.json > $OUT/http-$TAG.txt 2>&1
+        --output-json $RES/http-$TAG.json) > $RES/http-$TAG.txt 2>&1
+    tail -8 $RES/http-$TAG.txt
 fi

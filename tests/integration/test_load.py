@@ -39,9 +39,14 @@ def fault_gateway() -> Iterator[ServerProcess]:
 
 
 def test_baseline_receives_every_unit_exactly_once(gateway):
-    params = LoadParams(url=ws_url(gateway), concurrency=4, cps=10, duration_s=4)
+    admin = gateway.env["VOXGATE_ADMIN_KEYS"]
+    params = LoadParams(url=ws_url(gateway), concurrency=4, cps=10, duration_s=4, admin_key=admin)
     report = execute(params)
     r = report["results"]
+    server = r["server_first_audio"]  # the server's own split of each utterance's first audio
+    assert server["utterance_first"]["segments"] == 4 and server["all"]["segments"] >= 4
+    assert list(server["utterance_first"]) == ["segments", "queue", "slot", "engine", "hop", "write", "total"]
+    assert admin not in json.dumps(report)
     assert r["units"] == {"sent": 160, "received": 160, "missing": 0, "duplicate": 0, "cancelled": 0, "mismatched": 0}
     assert r["sessions_ok"] == 4 and r["failures"] == {}
     assert r["errors"] == {"injected": {}, "other": {}}
@@ -99,3 +104,5 @@ def test_command_reports_a_short_text_and_writes_json(gateway, tmp_path):
     assert report["text"] == {**report["text"], "units": 4, "units_needed": 10, "text_short": True}
     assert report["results"]["units"]["sent"] == 8 and report["results"]["units"]["received"] == 8
     assert report["command"].startswith("voxgate load --url ws://")
+    assert "403 Forbidden" in report["results"]["server_first_audio"]["unavailable"]  # no admin key: said
+    assert "server stages: GET /debug/timings" in result.stdout

@@ -64,6 +64,11 @@ def test_a_session_speaks_every_unit_once_and_reuses_the_socket(gateway):
     ours = [t for t in timings["timings"] if t["request_id"].startswith(session_id)]
     assert len(ours) == 5 and sum(t["opens_utterance"] for t in ours) == 2  # a record per segment, 2 utterances
     assert all(0 <= t["ttfa_ms"] < 5000 for t in ours)
+    for t in ours:  # the stages partition the segment's first-audio latency (each rounded to a microsecond)
+        assert list(t["stages_ms"]) == ["queue", "slot", "engine", "hop", "write"]
+        assert sum(t["stages_ms"].values()) == pytest.approx(t["ttfa_ms"], abs=0.01)
+    metrics = httpx.get(gateway.url + "/metrics", headers=gateway.admin_headers()).text
+    assert 'voxgate_first_audio_stage_seconds_count{endpoint="/v1/tts/ws",stage="engine"}' in metrics
 
 
 def test_base64_audio_and_mulaw_at_8k(gateway):

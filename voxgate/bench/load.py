@@ -27,6 +27,7 @@ from typing import Any
 from voxgate.bench.load_stats import markdown_table, summarize
 from voxgate.bench.stats import machine, write_report
 from voxgate.runtime import loop_name, run, settle_heap
+from voxgate.stats import percentile
 from voxgate.text import split_units
 from voxgate.types import InvalidRequest
 
@@ -82,6 +83,7 @@ class LoadParams:
     starter_units: int | None = None  # session.start's starter_units (None: the server's default)
     seed: int = 0
     api_key: str | None = None
+    admin_key: str | None = None
     voice: str | None = None
     text_file: str | None = None
     output_json: str | None = None
@@ -117,6 +119,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="session.start's starter_units: the first segment's size (0: none; default: the server's, 3)",
     )  # fmt: skip
     add("--api-key", default=None, help="bearer key, when the server has API keys")
+    add(
+        "--admin-key", default=None,
+        help="admin key for the server's own first-audio stages (GET /debug/timings; default: --api-key)",
+    )  # fmt: skip
     add("--voice", default=None, help="voice id (default: the server's)")
     add("--seed", type=int, default=0, help="seed of the fault plan (default 0)")
     add("--output-json", default=None, help="where to write results (default bench/results/load-<time>.json)")
@@ -133,7 +139,7 @@ def params_from_args(args: argparse.Namespace) -> LoadParams:
         url=args.url, scenario=args.scenario, concurrency=args.concurrency, cps=args.cps, duration_s=args.duration,
         units=args.units, utterance_units=args.utterance_units, backpressure_pause_s=args.backpressure_pause_s,
         reconnect_delay_s=args.reconnect_delay_s, starter_units=args.starter_units,
-        seed=args.seed, api_key=args.api_key, voice=args.voice, text_file=args.text_file,
+        seed=args.seed, api_key=args.api_key, admin_key=args.admin_key, voice=args.voice, text_file=args.text_file,
         output_json=args.output_json, **faults,
     )  # fmt: skip
     check_params(params)
@@ -263,13 +269,14 @@ def execute(params: LoadParams) -> dict[str, Any]:
     settle_heap()  # the client's own collections must not pause its clock
     ledgers = run(run_sessions(params, text))
     results = summarize(ledgers, len(text.deltas) / params.cps)
+    results["server_first_audio"] = server_first_audio(params, started.timestamp())
     return {
         "bench": "load",
         "date": started.isoformat(timespec="seconds"),
         "machine": before,
         "load_avg_1m_after": machine()["load_avg_1m"],
         "client_event_loop": loop_name(),  # the server reports its own at start-up
-        "parameters": {k: v for k, v in asdict(params).items() if k != "api_key"},
+        "parameters": {k: v for k, v in asdict(params).items() if k not in ("api_key", "admin_key")},
         "text": {
             "units": text.available,
             "units_needed": text.needed,
@@ -280,6 +287,39 @@ def execute(params: LoadParams) -> dict[str, Any]:
         "wall_s": round(time.perf_counter() - wall, 2),
         "results": results,
     }
+
+
+def server_first_audio(params: LoadParams, since: float) -> dict[str, Any]:
+    """The server's own split of each segment's first audio during this run (queue, slot,
+    engine, hop, write: see the README's metrics), from `GET /debug/timings`, an admin route.
+    Percentiles in ms over the segments that opened an utterance and over all segments; a
+    reason instead when the server would not say (no admin key, an older server, a ring of
+    timings smaller than the run: raise VOXGATE_TIMINGS_KEPT)."""
+    import httpx
+
+    base = re.sub(r"^ws", "http", params.url.split("/v1/")[0])
+    key = params.admin_key or params.api_key
+    try:
+        reply = httpx.get(f"{base}/debug/timings", params={"last": 100_000},
+                          headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=30)  # fmt: skip
+        reply.raise_for_status()
+        kept = reply.json()["timings"]
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        return {"unavailable": f"GET /debug/timings: {type(exc).__name__}: {exc}"[:300]}
+    ours = [t for t in kept if t.get("status") == "first_audio" and t.get("t_wall", 0) >= since and "stages_ms" in t]
+    if kept and not any(t.get("t_wall", 0) < since for t in kept) and ours:
+        note = "the server's timings ring may have dropped this run's earliest segments"
+    else:
+        note = None
+
+    def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {"segments": len(rows)}
+        for stage in (*rows[0]["stages_ms"], "total") if rows else ():
+            values = [r["ttfa_ms"] if stage == "total" else r["stages_ms"][stage] for r in rows]
+            out[stage] = {f"p{q}": round(percentile(values, q) or 0.0, 2) for q in (50, 95, 99)}
+        return out
+
+    return {"utterance_first": summary([t for t in ours if t["opens_utterance"]]), "all": summary(ours), "note": note}
 
 
 def run_load(args: argparse.Namespace) -> int:

@@ -350,4 +350,12 @@ def markdown_table(results: Mapping[str, Any]) -> str:
         for key, label in (("all", "whole run"), ("first", f"first {window}"), ("last", f"last {window}")):
             s = results[metric][key]
             lines.append(f"| {metric[:-3]} | {label} | {s['n']} | {s['p50']} | {s['p95']} | {s['p99']} |")
+    server = results.get("server_first_audio") or {}
+    first = server.get("utterance_first") or {}
+    if first.get("segments"):
+        stages = [k for k in first if k != "segments"]
+        lines += ["", f"server, utterance's first segment ({first['segments']}) ms p50 / p95: "
+                  + ", ".join(f"{k} {first[k]['p50']} / {first[k]['p95']}" for k in stages)]  # fmt: skip
+    elif "unavailable" in server:
+        lines += ["", f"server stages: {server['unavailable']}"]
     return "\n".join(lines)

@@ -10,6 +10,10 @@ from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _RTF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+# Where a WebSocket segment's first audio spends its time, in order: waiting behind the
+# session's earlier segments, for the client's stream slot, in the engine (to its first chunk
+# ready), handing the chunk to the event loop and logging it, and in the writer (pacing, send).
+FIRST_AUDIO_STAGES = ("queue", "slot", "engine", "hop", "write")
 
 
 class Metrics:
@@ -24,6 +28,11 @@ class Metrics:
         self.duration = Histogram(
             "voxgate_stream_seconds", "Request in to last byte written.", ["endpoint"],
             buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.first_audio_stages = Histogram(
+            "voxgate_first_audio_stage_seconds", "A WebSocket segment's way to its first audio out, by stage: "
+            "queue (behind the session's earlier segments), slot, engine (to its first chunk), hop (to the "
+            "event loop), write.", ["endpoint", "stage"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.rtf = Histogram("voxgate_rtf", "Wall time / audio duration per completed stream.", ["endpoint"],
                              buckets=_RTF_BUCKETS, registry=r)  # fmt: skip

@@ -66,6 +66,7 @@ class Entry:
     first: bool = False  # the first audio of its segment
     ready_at: float | None = None  # for a segment's first audio: when the segment was queued
     opens_utterance: bool = False  # the first audio of its utterance
+    stamps: tuple[float, ...] = ()  # for a segment's first audio: the caller's clocks on its way (see `audio`)
 
     @property
     def size(self) -> int:
@@ -241,7 +242,9 @@ class Session:
         """False once the segment's utterance was cancelled (its output is discarded)."""
         return self._inflight is segment
 
-    def audio(self, segment: Segment, payload: bytes, samples: int) -> None:
+    def audio(self, segment: Segment, payload: bytes, samples: int, stamps: tuple[float, ...] = ()) -> None:
+        """Log a piece of the segment's audio; `stamps` (the caller's clock readings on the way
+        to its first audio) are kept on the segment's first entry, for the writer's timings."""
         if not self.current(segment) or not payload:
             return
         header = {"type": "audio", "seq": self._seq, "utterance": segment.utterance,
@@ -252,7 +255,7 @@ class Session:
         self.audio_samples += samples
         entry = self._append(header, payload, segment.utterance, segment.unit_end)
         if segment is not self._last_audio_of:
-            entry.first, entry.ready_at = True, segment.queued_at
+            entry.first, entry.ready_at, entry.stamps = True, segment.queued_at, stamps
             entry.opens_utterance = self._last_audio_of is None or self._last_audio_of.utterance != segment.utterance
             self._last_audio_of = segment
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -17,7 +18,7 @@ from voxgate.engines.registry import create_engine
 from voxgate.serving.auth import Authenticator
 from voxgate.serving.fair import FairLimiter
 from voxgate.serving.limits import SessionCounter, StreamLimiter
-from voxgate.serving.metrics import Metrics
+from voxgate.serving.metrics import FIRST_AUDIO_STAGES, Metrics
 from voxgate.serving.voices import VoiceOwners
 from voxgate.serving.workers import EnginePool
 from voxgate.speech.starter import StarterCache
@@ -253,14 +254,26 @@ class ServerState:
         voice, language and output now; each segment's text replaces the placeholder."""
         return self.plan(text="-", voice=voice, fmt=fmt, sample_rate=sample_rate, language=language, client=client)
 
-    def record_first_audio(self, endpoint: str, request_id: str, latency_s: float, opens_utterance: bool) -> None:
+    def record_first_audio(
+        self, endpoint: str, request_id: str, clocks: tuple[float, ...], opens_utterance: bool
+    ) -> None:
         """A WebSocket segment's first audio written: from the segment becoming speakable (its
         last unit received, or a flush) to its first audio bytes handed to the socket. The
-        first segment of an utterance is that utterance's TTFA (`voxgate_ttfa_seconds`)."""
+        first segment of an utterance is that utterance's TTFA (`voxgate_ttfa_seconds`).
+        `clocks` are the perf_counter readings on the way, first (speakable) to last (written);
+        with all six, each step is exported as a stage (`FIRST_AUDIO_STAGES`)."""
+        latency_s = clocks[-1] - clocks[0]
         if opens_utterance:
             self.metrics.ttfa.labels(endpoint, "false").observe(latency_s)
-        self.timings.append({"request_id": request_id, "endpoint": endpoint, "status": "first_audio",
-                             "opens_utterance": opens_utterance, "ttfa_ms": round(latency_s * 1000, 3)})  # fmt: skip
+        entry = {"request_id": request_id, "endpoint": endpoint, "status": "first_audio",
+                 "t_wall": round(time.time(), 3), "opens_utterance": opens_utterance,
+                 "ttfa_ms": round(latency_s * 1000, 3)}  # fmt: skip
+        if len(clocks) == len(FIRST_AUDIO_STAGES) + 1:
+            steps = [max(0.0, b - a) for a, b in itertools.pairwise(clocks)]
+            for stage, seconds in zip(FIRST_AUDIO_STAGES, steps, strict=True):
+                self.metrics.first_audio_stages.labels(endpoint, stage).observe(seconds)
+            entry["stages_ms"] = {stage: round(s * 1000, 3) for stage, s in zip(FIRST_AUDIO_STAGES, steps, strict=True)}
+        self.timings.append(entry)
 
     def record(self, endpoint: str, request_id: str, timing: Timing, status: str, starter: bool) -> None:
         """Export one finished stream: metrics, the timings ring and a log line."""

@@ -309,7 +309,7 @@ class Gateway:
                 if entry.ready_at is not None:  # a segment's first audio is out: server-side latency
                     self.state.record_first_audio(
                         "/v1/tts/ws", f"{s.session_id}:{entry.message['unit_start']}",
-                        time.perf_counter() - entry.ready_at, entry.opens_utterance,
+                        (entry.ready_at, *entry.stamps, time.perf_counter()), entry.opens_utterance,
                     )  # fmt: skip
         except asyncio.CancelledError:
             raise
@@ -371,7 +371,9 @@ class Gateway:
     async def _speak(self, live: Live, segment: Segment) -> None:
         s, engine = live.session, self.state.require_engine()
         request = replace(live.plan.request, text=segment.text, request_id=f"{s.session_id}:{segment.unit_start}")
+        taken = time.perf_counter()
         await self.state.limiter.wait(live.owner)  # the client's slots, in turn: never refused mid-utterance
+        slot = time.perf_counter()
 
         def engine_stream(text: str) -> EngineStream:
             return EngineStream(engine, replace(request, text=text), self.state.engine_pool)
@@ -385,9 +387,15 @@ class Gateway:
         encoder = StreamEncoder(live.plan.fmt, engine.sample_rate, live.plan.sample_rate)
         failure: tuple[str, str] | None = None
         try:
+            stamps: tuple[float, ...] | None = None  # the clocks on the way to the segment's first audio
             while s.current(segment) and (chunk := await stream.next()) is not None:
                 before = encoder.samples_out
-                s.audio(segment, encoder.encode(chunk.samples), encoder.samples_out - before)
+                data = encoder.encode(chunk.samples)
+                if stamps is None and data:
+                    stamps = (taken, slot, chunk.t_ready, time.perf_counter())
+                    s.audio(segment, data, encoder.samples_out - before, stamps)
+                else:
+                    s.audio(segment, data, encoder.samples_out - before)
                 live.wake.set()
                 await self._room(live, segment)
             before = encoder.samples_out
