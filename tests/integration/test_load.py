@@ -46,7 +46,7 @@ def test_baseline_receives_every_unit_exactly_once(gateway):
     server = r["server_first_audio"]  # the server's own split of each utterance's first audio
     assert server["utterance_first"]["segments"] == 4 and server["all"]["segments"] >= 4
     assert list(server["utterance_first"]) == ["segments", "queue", "slot", "engine", "hop", "write", "total"]
-    assert admin not in json.dumps(report)
+    assert server["note"] is None and admin not in json.dumps(report)
     assert r["units"] == {"sent": 160, "received": 160, "missing": 0, "duplicate": 0, "cancelled": 0, "mismatched": 0}
     assert r["sessions_ok"] == 4 and r["failures"] == {}
     assert r["errors"] == {"injected": {}, "other": {}}
@@ -106,3 +106,11 @@ def test_command_reports_a_short_text_and_writes_json(gateway, tmp_path):
     assert report["command"].startswith("voxgate load --url ws://")
     assert "403 Forbidden" in report["results"]["server_first_audio"]["unavailable"]  # no admin key: said
     assert "server stages: GET /debug/timings" in result.stdout
+
+
+def test_the_report_says_when_the_servers_timings_ring_was_too_small_for_the_run():
+    with ServerProcess("tone", env={"TIMINGS_KEPT": "3"}) as server:
+        params = LoadParams(url=ws_url(server), concurrency=2, cps=10, duration_s=2,
+                            admin_key=server.env["VOXGATE_ADMIN_KEYS"])  # fmt: skip
+        server_side = execute(params)["results"]["server_first_audio"]
+    assert "keeps 3 timings" in server_side["note"] and server_side["all"]["segments"] <= 3

@@ -303,14 +303,15 @@ def server_first_audio(params: LoadParams, since: float) -> dict[str, Any]:
         reply = httpx.get(f"{base}/debug/timings", params={"last": 100_000},
                           headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=30)  # fmt: skip
         reply.raise_for_status()
-        kept = reply.json()["timings"]
+        body = reply.json()
+        kept, capacity = body["timings"], body.get("capacity")
     except (httpx.HTTPError, ValueError, KeyError) as exc:
         return {"unavailable": f"GET /debug/timings: {type(exc).__name__}: {exc}"[:300]}
     ours = [t for t in kept if t.get("status") == "first_audio" and t.get("t_wall", 0) >= since and "stages_ms" in t]
-    if kept and not any(t.get("t_wall", 0) < since for t in kept) and ours:
-        note = "the server's timings ring may have dropped this run's earliest segments"
-    else:
-        note = None
+    note = None
+    oldest = min((t.get("t_wall", t.get("t_req_in", 0.0)) for t in kept), default=0.0)
+    if capacity is not None and len(kept) >= capacity and oldest >= since:
+        note = f"the server keeps {capacity} timings, all from this run: it may have dropped the earliest"
 
     def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {"segments": len(rows)}

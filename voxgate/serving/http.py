@@ -277,5 +277,6 @@ async def metrics(request: Request) -> Response:
 @router.get("/debug/timings", responses={200: {"model": Timings}, **errors(ADMIN_ERRORS)})
 async def timings(request: Request, last: int = Query(100, ge=0, le=100_000)) -> JSONResponse:
     """Server-side timings of the most recent streams (what `voxgate bench http` reads)."""
-    kept = list(state_of(request).timings)
-    return JSONResponse({"timings": kept[len(kept) - last :] if last else []})
+    ring = state_of(request).timings
+    kept = list(ring)
+    return JSONResponse({"timings": kept[len(kept) - last :] if last else [], "capacity": ring.maxlen})

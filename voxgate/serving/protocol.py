@@ -128,8 +128,10 @@ class NotHealthy(BaseModel):
 class Timings(BaseModel):
     timings: list[dict[str, Any]] = Field(
         description="per stream: request_id, endpoint, status, and the server-side times "
-        "(t_req_in, ttfa_ms, total_ms, audio_s, rtf, chunks)"
+        "(t_req_in, ttfa_ms, total_ms, audio_s, rtf, chunks); a WebSocket segment's first audio: status "
+        "first_audio, t_wall, ttfa_ms and stages_ms (queue, slot, engine, hop, write)"
     )
+    capacity: int = Field(description="how many records the server keeps (VOXGATE_TIMINGS_KEPT); older ones are gone")
 
 
 def error_body(code: str, message: str) -> dict[str, Any]:
