@@ -350,6 +350,13 @@ class PeerSession:
     async def _apply(self, offer_sdp: str) -> None:
         # Any exception inside aiortc here comes from what the offer says: it is the client's
         # error (400), never the server's (500).
+        before = asyncio.all_tasks()
+        try:
+            await self._answer(offer_sdp)
+        finally:
+            adopt_connect_tasks(self.pc, asyncio.all_tasks() - before)
+
+    async def _answer(self, offer_sdp: str) -> None:
         try:
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
         except Exception as exc:
@@ -409,6 +416,26 @@ class PeerSession:
         if self.pc.connectionState in ("failed", "closed") and not self._closing:
             log.info("peer connection %s", self.pc.connectionState)
             self._close_task = asyncio.get_running_loop().create_task(self.close())
+
+
+def adopt_connect_tasks(pc: RTCPeerConnection, new_tasks: set[asyncio.Task[Any]]) -> None:
+    """aiortc starts ICE and DTLS in a task it does not keep (`RTCPeerConnection.__connect`),
+    so when a call is hung up while that task runs, its failure (InvalidStateError: "the
+    RTCIceTransport is closed") is an exception nobody retrieves, and asyncio logs it with a
+    traceback at garbage collection. The tasks among `new_tasks` that connect `pc` get a
+    callback that retrieves how they ended and logs it as the client-side event it is."""
+    for task in new_tasks:
+        coro = task.get_coro()
+        if getattr(coro, "__qualname__", "") != "RTCPeerConnection.__connect":
+            continue
+        frame = getattr(coro, "cr_frame", None)
+        if frame is None or frame.f_locals.get("self") is pc:  # None: it has already run
+            task.add_done_callback(_connect_ended)
+
+
+def _connect_ended(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.info("a peer connection stopped connecting: %s", describe_error(exc))
 
 
 async def close_peer(pc: RTCPeerConnection) -> None:
