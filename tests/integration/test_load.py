@@ -114,3 +114,41 @@ def test_the_report_says_when_the_servers_timings_ring_was_too_small_for_the_run
                             admin_key=server.env["VOXGATE_ADMIN_KEYS"])  # fmt: skip
         server_side = execute(params)["results"]["server_first_audio"]
     assert "keeps 3 timings" in server_side["note"] and server_side["all"]["segments"] <= 3
+
+
+def test_find_capacity_and_overload_from_the_command_line(gateway, tmp_path):
+    """A tone server keeps up with a handful of sessions: every round passes up to the limit, and
+    the overload scenario runs its crowd and then a fresh probe; both write their JSON."""
+    out = tmp_path / "capacity.json"
+    common = [
+        sys.executable,
+        "-m",
+        "voxgate",
+        "load",
+        "--url",
+        ws_url(gateway),
+        "--cps",
+        "10",
+        "--duration",
+        "1",
+        "--ttfa-bound-ms",
+        "60000",
+        "--max-underrun-ms",
+        "1e9",
+    ]  # the plumbing, not this machine's speed
+    found = subprocess.run([*common, "--concurrency", "1", "--find-capacity", "--capacity-max", "3",
+                            "--output-json", str(out)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert found.returncode == 0, found.stderr
+    capacity = json.loads(out.read_text())["capacity"]
+    assert [r["sessions"] for r in capacity["rounds"]] == [1, 2, 3] and capacity["capacity"] == 3
+    assert capacity["saturates_at"] is None and "capacity: 3 sessions; saturates at not within 3" in found.stdout
+    assert "[capacity] 2 sessions: pass" in found.stderr
+    out = tmp_path / "overload.json"
+    crowd = subprocess.run([*common, "--scenario", "overload", "--concurrency", "3", "--probe-sessions", "2",
+                            "--probe-duration", "1", "--output-json", str(out)],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert crowd.returncode == 0, crowd.stderr
+    result = json.loads(out.read_text())["overload"]
+    assert result["crowd"]["sessions"] == 3 and result["probe_after"]["sessions"] == 2
+    assert result["probe_results"]["units"]["received"] == result["probe_results"]["units"]["sent"] > 0
+    assert "probe right after (2 fresh sessions)" in crowd.stdout

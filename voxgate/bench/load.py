@@ -31,7 +31,7 @@ from voxgate.stats import percentile
 from voxgate.text import split_units
 from voxgate.types import InvalidRequest
 
-SCENARIOS = ("baseline", "mixed")
+SCENARIOS = ("baseline", "mixed", "overload")
 MIXED_DEFAULT_PERCENT = 0.1
 FAULT_WINDOW = (0.25, 0.6)  # faults start between these fractions of the sending time
 
@@ -97,7 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scenario",
         default="baseline",
         choices=SCENARIOS,
-        help="baseline: no faults; mixed: faults (default 0.1 each)",
+        help="baseline: no faults; mixed: faults (default 0.1 each); overload: no faults, then a probe of fresh "
+        "sessions right after (run it past capacity)",
     )
     add("--concurrency", type=int, default=50, help="sessions started together (default 50)")
     add("--cps", type=float, default=5.0, help="text units sent per second per session (default 5)")
@@ -126,12 +127,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--voice", default=None, help="voice id (default: the server's)")
     add("--seed", type=int, default=0, help="seed of the fault plan (default 0)")
     add("--output-json", default=None, help="where to write results (default bench/results/load-<time>.json)")
+    add(
+        "--find-capacity", action="store_true",
+        help="raise the sessions from --concurrency (x --capacity-growth a round) until a round has an underrun, "
+        "first audio p95 over --ttfa-bound-ms, a lost unit or a refused session; then narrow it to 10%%",
+    )  # fmt: skip
+    add("--capacity-max", type=int, default=1024, help="most sessions a capacity round tries (default 1024)")
+    add("--capacity-growth", type=float, default=1.5, help="sessions grow by this factor per round (default 1.5)")
+    add("--ttfa-bound-ms", type=float, default=1000.0, help="first-audio p95 a capacity round may have (default 1000)")
+    add(
+        "--max-underrun-ms", type=float, default=0.0,
+        help="underrun ms a capacity round may add up to and still pass (default 0: any underrun fails it)",
+    )  # fmt: skip
+    add("--probe-sessions", type=int, default=4, help="overload: fresh sessions started once it ends (default 4)")
+    add("--probe-duration", type=float, default=10.0, help="overload: the probe's seconds of text (default 10)")
 
 
 def params_from_args(args: argparse.Namespace) -> LoadParams:
     """Parameters from the parsed flags; `baseline` forces every fault fraction to 0."""
     given = {k: getattr(args, f"{k}_percent") for k in ("disconnect", "cancel", "backpressure")}
-    if args.scenario == "baseline":
+    if args.scenario in ("baseline", "overload"):
         faults = dict.fromkeys(given, 0.0)
     else:
         faults = {k: MIXED_DEFAULT_PERCENT if v is None else v for k, v in given.items()}
@@ -326,6 +341,8 @@ def server_first_audio(params: LoadParams, since: float) -> dict[str, Any]:
 def run_load(args: argparse.Namespace) -> int:
     """`voxgate load`: run, print the table, write the JSON; exit 1 if any unit was lost or mangled."""
     params = params_from_args(args)
+    if args.find_capacity or args.scenario == "overload":
+        return run_capacity(args, params)
     report = {"command": shlex.join(["voxgate", *sys.argv[1:]]), **execute(params)}
     if params.api_key:
         report["command"] = report["command"].replace(params.api_key, "***")
@@ -337,3 +354,40 @@ def run_load(args: argparse.Namespace) -> int:
     write_report(report, "load", stamp, params.output_json, table)
     u = results["units"]
     return 1 if u["missing"] or u["duplicate"] or u["mismatched"] else 0
+
+
+def run_capacity(args: argparse.Namespace, params: LoadParams) -> int:
+    """`--find-capacity` or `--scenario overload` (see `capacity`): rounds of `execute`, one report."""
+    from voxgate.bench.capacity import capacity_table, find_capacity, overload
+
+    started = datetime.now(UTC)
+    command = shlex.join(["voxgate", *sys.argv[1:]])
+    if params.api_key:
+        command = command.replace(params.api_key, "***")
+    report: dict[str, Any] = {"command": command, "bench": "load", "date": started.isoformat(timespec="seconds"),
+                              "machine": machine(), "parameters": {k: v for k, v in asdict(params).items()
+                                                                  if k not in ("api_key", "admin_key")}}  # fmt: skip
+    if args.find_capacity:
+        found = find_capacity(
+            params, execute, limit=args.capacity_max, growth=args.capacity_growth, ttfa_bound_ms=args.ttfa_bound_ms,
+            underrun_ms_max=args.max_underrun_ms, progress=lambda line: print(line, file=sys.stderr, flush=True),
+        )  # fmt: skip
+        report["capacity"] = found
+        table = capacity_table(found)
+        code = 0
+    else:
+        result = overload(params, execute, probe_sessions=args.probe_sessions, probe_duration_s=args.probe_duration,
+                          ttfa_bound_ms=args.ttfa_bound_ms, underrun_ms_max=args.max_underrun_ms)  # fmt: skip
+        report["overload"] = result
+        crowd, probe = result["crowd"], result["probe_after"]
+        table = "\n".join([
+            markdown_table(result["crowd_results"]), "",
+            f"crowd ({crowd['sessions']} sessions): {'within' if crowd['passed'] else 'past'} capacity "
+            f"({'; '.join(crowd['why_not']) or 'no underrun, first audio in bound'})",
+            f"probe right after ({probe['sessions']} fresh sessions): first audio p95 "
+            f"{probe['first_audio_p95_ms']} ms, underruns {probe['underruns']}, errors {probe['errors'] or 'none'}",
+        ])  # fmt: skip
+        units = result["crowd_results"]["units"]
+        code = 1 if units["missing"] or units["duplicate"] or units["mismatched"] else 0
+    write_report(report, "load", started, params.output_json, table)
+    return code
