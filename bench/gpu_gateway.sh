@@ -5,8 +5,9 @@
 # Usage: sh bench/gpu_gateway.sh [seed] [model]   (model default Qwen3-TTS-12Hz-0.6B-CustomVoice)
 # Environment: RES (results folder, default $OUT), SRC (the voxgate tree the server runs, default
 # this one: e.g. an older commit's voxgate/ unpacked with `git archive`, for an A/B on one machine; the
-# load client is always this tree's), STARTERS (starter_units values, default "3 0"), LOAD=0 /
-# HTTP=0 (skip a part).
+# load client is always this tree's), STARTERS (starter_units values, default "3 0"), EXTRA
+# (more server settings, KEY=VALUE without the VOXGATE_ prefix, e.g. "QWEN3_PROMPT_THREAD=true"),
+# LOAD=0 / HTTP=0 (skip a part).
 set -u
 SEED=${1:-11}
 MODEL=${2:-Qwen3-TTS-12Hz-0.6B-CustomVoice}
@@ -19,7 +20,7 @@ export VOXGATE_LLM_EMBEDDED=false VOXGATE_AGENT_MAX_CALLS=0
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch; print('torch', torch.__version__)"; echo "server tree: $SRC"; } > $RES/machine.txt
 [ -d /tmp/ckpt-$TAG-$SEED ] || PYTHONPATH=$PWD python3 -m voxgate make-random-checkpoint --configs .gpu/qwen3-tts \
     --model $MODEL --out /tmp/ckpt-$TAG-$SEED --seed $SEED > $RES/checkpoint-$TAG.txt 2>&1 || exit 1
-QWEN="QWEN3_MODEL_DIR=/tmp/ckpt-$TAG-$SEED QWEN3_DEVICE=cuda QWEN3_DTYPE=bfloat16"
+QWEN="QWEN3_MODEL_DIR=/tmp/ckpt-$TAG-$SEED QWEN3_DEVICE=cuda QWEN3_DTYPE=bfloat16 ${EXTRA:-}"
 if [ "${LOAD:-1}" = 1 ]; then
     (cd "$SRC" && exec env PYTHONPATH=$SRC $(for kv in $QWEN; do printf 'VOXGATE_%s ' $kv; done) \
         VOXGATE_ENGINE=qwen3 VOXGATE_MAX_STREAMS=64 VOXGATE_MAX_STREAMS_PER_CLIENT=64 \

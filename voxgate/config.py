@@ -204,6 +204,9 @@ class Settings(BaseSettings):
     qwen3_kv_capacity: int = Field(
         2048, ge=128, le=8192, description="qwen3: talker KV positions per stream (prompt + frames; batched mode)."
     )
+    qwen3_prompt_thread: bool = Field(
+        False, description="qwen3: one thread builds all requests' prompts, one GPU wait a batch (an A/B switch)."
+    )
 
     @field_validator("api_keys", "admin_keys", "allowed_origins", "starter_phrases", "voice_aliases", mode="before")
     @classmethod

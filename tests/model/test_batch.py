@@ -156,11 +156,13 @@ def _speak(engine, text, voice="vivian", cancel=None, priority=0):
     return [c.samples for c in engine.stream(request, cancel or CancelToken())]
 
 
-def test_concurrent_requests_each_get_what_they_get_alone(ours):
+@pytest.mark.parametrize("prompt_thread", [False, True])
+def test_concurrent_requests_each_get_what_they_get_alone(ours, prompt_thread):
     eager = Qwen3Engine(ours["cv06"], sampling=SamplingParams.greedy(max_new_tokens=12, min_new_tokens=12))
     batched = Qwen3Engine(
-        ours["cv06"], sampling=SamplingParams.greedy(max_new_tokens=12, min_new_tokens=12), batched=True, max_streams=4
-    )
+        ours["cv06"], sampling=SamplingParams.greedy(max_new_tokens=12, min_new_tokens=12), batched=True, max_streams=4,
+        prompt_thread=prompt_thread,
+    )  # fmt: skip
     try:
         expected = {t: np.concatenate(_speak(eager, t)) for t in TEXTS}
         got: dict[str, np.ndarray] = {}

@@ -37,6 +37,7 @@ from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.generate import generate_codes, max_frames_for
 from voxgate.engines.qwen3.loader import Qwen3Checkpoint, load_checkpoint
 from voxgate.engines.qwen3.prompt import Prompt, PromptBuilder
+from voxgate.engines.qwen3.prompt_thread import PromptThread
 from voxgate.engines.qwen3.runner import END, Job, Runner
 from voxgate.engines.qwen3.scheduler import Scheduler
 from voxgate.engines.qwen3.voices import VoiceStore
@@ -76,6 +77,7 @@ class Qwen3Engine(Engine):
         max_streams: int = 64,
         max_waiting: int = 256,
         kv_capacity: int = 2048,
+        prompt_thread: bool = False,
     ):
         if packet_frames < 1:
             raise ValueError("packet_frames must be >= 1")
@@ -124,6 +126,8 @@ class Qwen3Engine(Engine):
             self.clones = VoiceStore(checkpoint.speaker.embed, encode, self._preroll)
         else:
             raise EngineFailure(f"unsupported Qwen3-TTS model type {self.kind!r}")
+        # Prompts built by one thread for all requests (see prompt_thread.py), or by each caller.
+        self._prompt_thread = PromptThread(self._prompt, self._prompt_stream) if prompt_thread else None
 
     def counters(self) -> dict[str, dict[str, float]]:
         """Numbers for /metrics: graph replays, eager work by reason, and the runner's load."""
@@ -195,8 +199,11 @@ class Qwen3Engine(Engine):
             raise InvalidRequest("a VoiceDesign model needs `instructions` describing the voice")
         if request.speed != 1.0:
             raise NotSupported("the qwen3 engine speaks at its own pace; speed must be 1.0")
-        with self._prompt_stream_context():
-            prompt, context = self._prompt(request, design)
+        if self._prompt_thread is not None:
+            prompt, context = self._prompt_thread.build(request, design)
+        else:
+            with self._prompt_stream_context():
+                prompt, context = self._prompt(request, design)
         params = self.sampling if request.seed is None else replace(self.sampling, seed=request.seed)
         limit = max_frames_for(prompt.text_tokens, params)
         if context is not None:  # a voice's pre-roll uses up codec positions too
@@ -306,6 +313,8 @@ class Qwen3Engine(Engine):
             yield AudioChunk(np.concatenate(held), SAMPLE_RATE, seq, t_ready=time.perf_counter())
 
     def close(self) -> None:
+        if self._prompt_thread is not None:
+            self._prompt_thread.close()
         if self.runner is not None:
             self.runner.close()
 
@@ -326,4 +335,5 @@ def create(settings: Settings) -> Qwen3Engine:
         max_streams=settings.qwen3_max_streams,
         max_waiting=settings.qwen3_max_waiting,
         kv_capacity=settings.qwen3_kv_capacity,
+        prompt_thread=settings.qwen3_prompt_thread,
     )
