@@ -34,7 +34,6 @@ async def open_stream(state: ServerState, request: Request, plan: StreamPlan, en
     scope = request.scope["state"]
     client, req = scope["client_id"], plan.request
     state.limiter.acquire(client)
-    state.metrics.active_streams.set(state.limiter.active)
     outcome = StreamOutcome(Timing(t_req_in=scope["t_req_in"]))
     cacheable = state.settings.starter_cache and req.speed == 1.0 and req.seed is None and not req.instructions
     hit = state.starters.match(req.voice, req.text) if cacheable else None

@@ -108,7 +108,6 @@ class Reply:
         self._cached: set[int] = set()
         self._play_end = 0.0  # pacing: when the audio sent so far ends playing at the client
         state.limiter.acquire(client)  # last: nothing above may fail after the slot is taken
-        state.metrics.active_streams.set(state.limiter.active)
         self._released = False
 
     def hold(self, lease: Lease) -> None:
@@ -199,7 +198,6 @@ class Reply:
         if not self._released:
             self._released = True
             self.state.limiter.release(self.client)
-            self.state.metrics.active_streams.set(self.state.limiter.active)
 
     async def _deltas(self) -> AsyncIterator[str]:
         """The LLM's reply, written under an LLM slot (run by the pipeline's producer task,
