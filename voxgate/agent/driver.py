@@ -36,7 +36,6 @@ from voxgate.bridge.segmenter import Segment, Segmenter
 from voxgate.serving.llm import llm_config
 from voxgate.serving.state import ServerState
 from voxgate.serving.stream import EngineStream
-from voxgate.speech.starter import opener_stream
 from voxgate.types import SynthesisRequest, VoxgateError
 
 log = logging.getLogger(__name__)
@@ -204,12 +203,8 @@ class CallDriver:
             def engine_stream(text: str) -> ChunkStream:
                 return EngineStream(engine, replace(request, text=text), self.state.engine_pool)
 
-            if segment.kind == "starter" and self.state.settings.starter_cache:  # "Sure." plays from memory
-                opener = opener_stream(self.state.starters, request, self.state.settings.chunk_ms, engine_stream)
-                if opener is not None:
-                    self.state.metrics.starter_hits.inc()
-                    return opener
-            return engine_stream(segment.text)
+            opener = self.state.opener(request, engine_stream) if segment.kind == "starter" else None
+            return opener or engine_stream(segment.text)  # "Sure." plays from memory
 
         openers = self.state.starters.phrases(voice.voice) if self.state.settings.starter_cache else []
         pipeline = ReplyPipeline(synthesise, Segmenter(openers=openers))

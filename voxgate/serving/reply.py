@@ -33,7 +33,6 @@ from voxgate.serving.fair import Lease
 from voxgate.serving.llm import llm_config
 from voxgate.serving.state import ServerState
 from voxgate.serving.stream import EngineStream
-from voxgate.speech.starter import opener_stream
 from voxgate.types import SynthesisRequest, VoxgateError
 
 
@@ -171,13 +170,10 @@ class Reply:
         def engine(text: str) -> ChunkStream:
             return EngineStream(self.engine, replace(request, text=text), self.state.engine_pool)
 
-        opener = None
-        if segment.kind == "starter" and self.state.settings.starter_cache:
-            opener = opener_stream(self.state.starters, request, self.state.settings.chunk_ms, engine)
+        opener = self.state.opener(request, engine) if segment.kind == "starter" else None
         if opener is None:
             return engine(segment.text)
         self._cached.add(segment.index)
-        self.state.metrics.starter_hits.inc()
         return opener
 
     async def _pace(self, seconds: float) -> None:

@@ -7,11 +7,13 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from voxgate.audio import AudioFormat, check_output
+from voxgate.bridge.pipeline import ChunkStream
 from voxgate.config import Settings
 from voxgate.engines.base import Engine, check_request, collect
 from voxgate.engines.registry import create_engine
@@ -21,7 +23,7 @@ from voxgate.serving.limits import SessionCounter, StreamLimiter
 from voxgate.serving.metrics import FIRST_AUDIO_STAGES, Metrics
 from voxgate.serving.voices import VoiceOwners
 from voxgate.serving.workers import EnginePool
-from voxgate.speech.starter import StarterCache
+from voxgate.speech.starter import StarterCache, opener_stream
 from voxgate.text import check_text, normalize_language
 from voxgate.types import (
     NotReady,
@@ -246,6 +248,17 @@ class ServerState:
             if voice not in usable:
                 raise UnknownVoice(f"unknown voice {voice!r}; available: {', '.join(usable)}")
         return voice
+
+    def opener(self, request: SynthesisRequest, engine_stream: Callable[[str], ChunkStream]) -> ChunkStream | None:
+        """A starter segment's cached opener ("Sure.") then `engine_stream` on the rest, counted
+        as a starter-cache hit; None when the cache is off or has no opener for it. What every
+        transport that speaks starter segments (bridge, gateway, agent) asks."""
+        if not self.settings.starter_cache:
+            return None
+        stream = opener_stream(self.starters, request, self.settings.chunk_ms, engine_stream)
+        if stream is not None:
+            self.metrics.starter_hits.inc()
+        return stream
 
     def voice_plan(
         self, voice: str | None, fmt: str, sample_rate: int | None, language: str | None, client: str | None = None

@@ -25,7 +25,6 @@ from typing import Any
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from voxgate.audio import StreamEncoder
-from voxgate.bridge.pipeline import ChunkStream
 from voxgate.serving.auth import Client
 from voxgate.serving.limits import MessageRate, Turn
 from voxgate.serving.session import Entry, Segment, Session
@@ -33,7 +32,6 @@ from voxgate.serving.state import ServerState
 from voxgate.serving.stream import EngineStream
 from voxgate.serving.ws_live import CONTROL_BYTES, Live, abort, close_quietly, send_now, send_then_close
 from voxgate.serving.wsproto import Bare, Ping, ProtocolError, SessionStart, TextDelta, error, omni_frames, parse_client
-from voxgate.speech.starter import opener_stream
 from voxgate.types import VoxgateError
 
 log = logging.getLogger(__name__)
@@ -378,11 +376,7 @@ class Gateway:
         def engine_stream(text: str) -> EngineStream:
             return EngineStream(engine, replace(request, text=text), self.state.engine_pool)
 
-        stream: ChunkStream | None = None
-        if segment.starter and self.settings.starter_cache:  # a cached opener ("Sure.") plays at once
-            stream = opener_stream(self.state.starters, request, self.settings.chunk_ms, engine_stream)
-            if stream is not None:
-                self.state.metrics.starter_hits.inc()
+        stream = self.state.opener(request, engine_stream) if segment.starter else None  # "Sure." plays at once
         live.stream = stream = stream or engine_stream(request.text)
         encoder = StreamEncoder(live.plan.fmt, engine.sample_rate, live.plan.sample_rate)
         failure: tuple[str, str] | None = None
