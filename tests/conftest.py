@@ -8,6 +8,13 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+
+# One compute thread per process, here and in every server a test starts (they inherit it): the
+# suite must pass on a busy 2-core machine, where two torch threads per process spin against the
+# other processes for the cores. Measured beside `stress-ng --cpu 2` and a second suite: ten
+# syntheses of the tiny qwen3 model took 114 s with torch's default 2 threads (a run timed out
+# at 300 s) and 26 s with 1.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 if not torch.cuda.is_available():  # Triton kernels run in its interpreter (before any module defines them)
@@ -16,6 +23,8 @@ if not torch.cuda.is_available():  # Triton kernels run in its interpreter (befo
 from hypothesis import HealthCheck, settings
 
 from voxgate.bench.server import ServerProcess
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Every property test draws the same examples on every run and has no per-example deadline: a result
 # never depends on the random draw or on how busy the machine is. A test's own @settings still apply.
