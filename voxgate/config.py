@@ -64,6 +64,20 @@ class Settings(BaseSettings):
     max_text_chars: int = Field(4096, ge=1, description="Longest accepted text, in characters.")
     max_streams: int = Field(64, ge=1, description="Concurrent audio streams for the whole server.")
     max_streams_per_client: int = Field(8, ge=1, description="Concurrent streams per client (API key, else IP).")
+    engine_capacity: int | None = Field(
+        None,
+        ge=1,
+        description="Streams the engine can keep real-time at once (e.g. what `voxgate load --find-capacity` "
+        "found); fewer than max_streams makes the rest `busy`. Default: the engine's own measured estimate "
+        "(batched qwen3: its step cost by rows), else max_streams alone.",
+    )
+    admission_utilization: float = Field(
+        0.6,
+        gt=0,
+        le=1,
+        description="Share of real time the engine may be busy when it estimates its capacity (the rest is the "
+        "margin for bursts of new streams).",
+    )
     max_sessions_per_client: int = Field(
         16, ge=1, description="WebSocket sessions (TTS and bridge sockets, attached or not) per client."
     )
@@ -199,7 +213,13 @@ class Settings(BaseSettings):
     qwen3_batched: bool | None = Field(
         None, description="qwen3: decode all streams together in one runner (default: on a GPU only)."
     )
-    qwen3_max_streams: int = Field(64, ge=1, le=64, description="qwen3: streams decoded together (batched mode).")
+    qwen3_max_streams: int = Field(
+        64,
+        ge=1,
+        le=256,
+        description="qwen3: streams decoded together (batched mode). KV memory is rows x kv_capacity x ~112 KiB "
+        "(0.6B and 1.7B): past 128 rows lower VOXGATE_QWEN3_KV_CAPACITY.",
+    )
     qwen3_max_waiting: int = Field(256, ge=0, description="qwen3: streams that may queue before `busy` (batched).")
     qwen3_kv_capacity: int = Field(
         2048, ge=128, le=8192, description="qwen3: talker KV positions per stream (prompt + frames; batched mode)."

@@ -117,10 +117,12 @@ class CancelToken:
 
 class VoxgateError(Exception):
     """Base of every error voxgate reports: a stable `code`, a human `message`, and the
-    HTTP status the serving layer maps it to."""
+    HTTP status the serving layer maps it to, and for a refusal that passes (busy, too many
+    streams) the seconds after which a retry may succeed (`Retry-After`)."""
 
     code = "internal_error"
     status = 500
+    retry_after_s: int | None = None
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -219,6 +221,7 @@ class TooManyStreams(VoxgateError):
 
     code = "too_many_streams"
     status = 429
+    retry_after_s = 1
 
 
 class UnknownEngine(VoxgateError):
@@ -247,6 +250,7 @@ class Busy(VoxgateError):
 
     code = "busy"
     status = 503
+    retry_after_s = 1
 
 
 class InvalidAudio(VoxgateError):

@@ -66,10 +66,12 @@ def test_engine_packets_equal_the_offline_decode_of_the_same_codes(ours):
     np.testing.assert_allclose(np.concatenate([c.samples for c in chunks]), offline, rtol=0, atol=PCM_ATOL)
 
 
-def test_same_seed_gives_identical_pcm_over_ten_runs(ours):
+def test_same_seed_gives_identical_pcm_run_after_run(ours):
+    # Three runs, not ten: each is 30 eager frames (about 80 ms a frame beside stress-ng on two
+    # cores), and ten plus one came near the 300 s per-test limit on a loaded machine.
     engine = _engine(ours)
     request = SynthesisRequest(text="Deterministic sampling.", voice="serena", seed=42)
-    digests = {hashlib.sha256(collect(engine, request).samples.tobytes()).hexdigest() for _ in range(10)}
+    digests = {hashlib.sha256(collect(engine, request).samples.tobytes()).hexdigest() for _ in range(3)}
     assert len(digests) == 1
     other = collect(engine, SynthesisRequest(text="Deterministic sampling.", voice="serena", seed=43))
     assert hashlib.sha256(other.samples.tobytes()).hexdigest() not in digests

@@ -1,4 +1,5 @@
-"""Stream slots waited for in turn, sessions per client, the message-rate bucket (serving/limits.py)."""
+"""Stream slots waited for in turn, sessions per client (speech/limits.py), the message-rate bucket
+(serving/limits.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import asyncio
 
 import pytest
 
-from voxgate.serving.limits import MessageRate, SessionCounter, StreamLimiter, Turn
+from voxgate.serving.limits import MessageRate, Turn
+from voxgate.speech.limits import SessionCounter, StreamLimiter
 from voxgate.types import Busy, TooManySessions, TooManyStreams
 
 
@@ -73,6 +75,79 @@ def test_a_cancelled_wait_leaves_the_queue_and_gives_back_a_slot_granted_meanwhi
         with pytest.raises(asyncio.CancelledError):
             await granted
         assert limiter.active == 0  # the slot came back
+
+    _run(run())
+
+
+def test_the_engine_capacity_bounds_the_slots_and_may_change_while_serving():
+    async def run() -> None:
+        capacity: list[int | None] = [None]
+        limiter = StreamLimiter(max_streams=4, max_per_client=4, capacity=lambda: capacity[0])
+        assert limiter.limit == 4  # the engine cannot say: the configured limit alone
+        capacity[0] = 2
+        assert limiter.limit == 2
+        limiter.acquire("a")
+        limiter.acquire("b")
+        with pytest.raises(Busy, match="2 streams in real time"):
+            limiter.acquire("c")
+        waiting = asyncio.create_task(limiter.wait("c"))
+        await _settle()
+        assert not waiting.done()
+        capacity[0] = 1  # the engine measured itself slower: a freed slot is not handed on
+        limiter.release("a")
+        await _settle()
+        assert not waiting.done() and limiter.active == 1
+        capacity[0] = 9  # faster than configured: max_streams still bounds
+        assert limiter.limit == 4
+        limiter.release("b")
+        await _settle()
+        assert waiting.done() and limiter.active == 1
+
+    _run(run())
+
+
+def test_with_no_capacity_known_a_session_is_refused_only_when_the_slots_are_full_and_others_wait():
+    async def run() -> None:
+        limiter = StreamLimiter(max_streams=1, max_per_client=4, capacity=lambda: None)
+        limiter.open_session()  # free slots: in
+        limiter.acquire("a")
+        limiter.open_session()  # full, but nobody waits yet: the newcomer will be first in line
+        waiting = asyncio.create_task(limiter.wait("b"))
+        await _settle()
+        with pytest.raises(Busy, match="limit of 1"):
+            limiter.open_session()
+        assert limiter.sessions == 2
+        limiter.release("a")
+        await _settle()
+        assert waiting.done()
+        limiter.open_session()  # nobody waits any more
+        assert limiter.sessions == 3
+
+    _run(run())
+
+
+def test_a_known_capacity_bounds_sessions_plus_standalone_streams():
+    async def run() -> None:
+        limiter = StreamLimiter(max_streams=8, max_per_client=8, capacity=lambda: 3)
+        limiter.open_session()
+        limiter.open_session()
+        limiter.acquire("http")  # the third voice
+        assert limiter.voices == 3
+        with pytest.raises(Busy, match="3 streams in real time"):
+            limiter.open_session()
+        with pytest.raises(Busy, match="3 streams in real time"):
+            limiter.acquire("http")
+        await limiter.wait("ws")  # an open session's segment: its voice is reserved, so it gets a slot
+        await limiter.wait("ws")
+        assert limiter.active == 3 and limiter.voices == 3
+        limiter.release("ws", in_session=True)
+        limiter.release("ws", in_session=True)
+        limiter.close_session()
+        assert limiter.voices == 2
+        limiter.acquire("http")
+        limiter.release("http")
+        limiter.release("http")
+        assert limiter.voices == 1 and limiter.active == 0
 
     _run(run())
 

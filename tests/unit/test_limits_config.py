@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from voxgate.config import Settings, describe_settings
-from voxgate.serving.limits import StreamLimiter
+from voxgate.speech.limits import StreamLimiter
 from voxgate.types import Busy, TooManyStreams
 
 

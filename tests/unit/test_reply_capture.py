@@ -13,6 +13,7 @@ import numpy as np
 from voxgate.agent.capture import ReplyCapture
 from voxgate.agent.driver import AgentConfig, CallDriver
 from voxgate.audio import decode_wav
+from voxgate.speech.limits import StreamLimiter
 from voxgate.types import AudioChunk
 
 
@@ -65,14 +66,18 @@ def _cut_mid_reply(config: AgentConfig) -> None:
     """Run one reply through the driver and cancel it after two chunks were enqueued."""
     outbound = _Outbound()
     events = SimpleNamespace(send_event=lambda m: None)
-    driver = CallDriver(None, "call", outbound, events, None, None, config)  # type: ignore[arg-type]
+    limiter = StreamLimiter(max_streams=1, max_per_client=1)
+    state = SimpleNamespace(limiter=limiter)  # the reply holds a stream slot while it speaks
+    driver = CallDriver(state, "call", outbound, events, None, None, config)  # type: ignore[arg-type]
 
     async def run() -> None:
         task = asyncio.ensure_future(driver._speak("call-1", _StallingPipeline(), _Llm(), []))  # type: ignore[arg-type]
         while len(outbound.enqueued) < 2:
             await asyncio.sleep(0.001)
+        assert limiter.active == 1
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        assert limiter.active == 0  # a cut reply gives its slot back
 
     asyncio.run(run())
 

@@ -69,10 +69,11 @@ def test_a_full_queue_says_busy_instead_of_degrading_everyone():
 
 
 def test_buckets_pad_the_decode_batch_to_a_captured_size():
-    s = Scheduler(max_running=64)
-    assert [s.bucket_for(n) for n in (1, 2, 3, 5, 9, 17, 33, 64)] == [1, 2, 4, 8, 16, 32, 64, 64]
+    s = Scheduler(max_running=256)
+    assert [s.bucket_for(n) for n in (1, 2, 3, 5, 9, 17, 33, 64, 65, 129, 256)] == [1, 2, 4, 8, 16, 32, 64, 64, 128,
+                                                                                    256, 256]  # fmt: skip
     with pytest.raises(ValueError):
-        Scheduler(max_running=65)
+        Scheduler(max_running=257)
 
 
 def test_queue_time_and_errors():

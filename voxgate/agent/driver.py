@@ -221,7 +221,10 @@ class CallDriver:
 
         first = True
         capture = ReplyCapture(self.config.capture_dir, trace) if self.config.capture_dir else None
+        limiter, slot = self.state.limiter, False
         try:
+            await limiter.wait(self.client)  # a reply is a stream: it waits its turn (a barge-in ends the wait)
+            slot = True
             async for segment, chunk in pipeline.run(deltas()):
                 if first:
                     first = False
@@ -236,6 +239,8 @@ class CallDriver:
             self._handle(fsm.LlmFailed(trace, exc.message, at=time.perf_counter()))
             self.outbound.end(trace)
         finally:
+            if slot:
+                limiter.release(self.client, in_session=True)
             if capture is not None:  # before any await: a cancelled reply keeps what it enqueued
                 capture.save()
             await llm.aclose()

@@ -14,7 +14,10 @@ The contract is explicit (engines subclass `Engine`, which gives the defaults): 
 the methods, `parallel_calls` says how many stream calls can usefully compute at once in the
 calling thread (the server then runs engine calls on that many threads, most urgent first:
 `voxgate.serving.workers`), or None for an engine that queues its own work (one thread per
-stream, mostly waiting); `counters()` gives numbers for /metrics (none by default).
+stream, mostly waiting); `counters()` gives numbers for /metrics (none by default);
+`capacity(utilization)` says how many streams the engine can keep ahead of real time at once
+from what it has measured (the batched qwen3 runner: its step cost against rows), or None when
+it cannot say (the server then admits up to its configured limits only).
 """
 
 from __future__ import annotations
@@ -51,6 +54,11 @@ class Engine(Protocol):
     def counters(self) -> dict[str, dict[str, float]]:
         """Numbers for /metrics by group (`<group>_now` groups are gauges); none by default."""
         return {}
+
+    def capacity(self, utilization: float) -> int | None:
+        """Streams this engine can voice at once while busy at most `utilization` of real
+        time (from its measured cost), or None when it cannot say; at least 1 when known."""
+        return None
 
     def voices(self) -> list[VoiceInfo]:
         """Voices this engine offers; the first is the default."""

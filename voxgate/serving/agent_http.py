@@ -37,6 +37,7 @@ from voxgate.agent.webrtc import PeerSession
 from voxgate.config import Settings
 from voxgate.serving.openapi import errors, json_body
 from voxgate.serving.protocol import parse_body
+from voxgate.speech.limits import StreamLimiter
 from voxgate.types import Busy, NotFound, TooManyCalls
 
 log = logging.getLogger(__name__)
@@ -108,11 +109,12 @@ class CallSlots:
 class AgentCalls:
     """The live calls by id, their owners and their slots."""
 
-    def __init__(self, max_calls: int = MAX_CALLS) -> None:
+    def __init__(self, max_calls: int = MAX_CALLS, voices: StreamLimiter | None = None) -> None:
         if max_calls < 1:
             raise ValueError(f"max_calls must be >= 1, got {max_calls}")
         self.max_calls = max_calls
         self.slots = CallSlots(max_calls)
+        self.voices = voices  # the server's stream admission: a call is a session (it reserves a voice)
         self.sessions: dict[str, PeerSession] = {}
         self._owners: dict[str, str] = {}  # call id -> client id
         self._tasks: set[asyncio.Task[None]] = set()
@@ -131,14 +133,20 @@ class AgentCalls:
     ) -> tuple[str, str, str]:
         """Answer an offer and start the call's agent; returns (call_id, answer sdp, answer type)."""
         self.slots.take(client_id, limits.per_client)
+        if self.voices is not None:
+            try:
+                self.voices.open_session()  # Busy past the engine's real-time voices, like a WebSocket session
+            except Busy:
+                self.slots.give_back(client_id)
+                raise
         try:
             async with asyncio.timeout(limits.connect_timeout_s):
                 session, sdp, sdp_type = await PeerSession.answer(offer_sdp, offer_type)
         except TimeoutError:
-            self.slots.give_back(client_id)
+            self._give_back(client_id)
             raise Busy(f"the offer could not be answered in {limits.connect_timeout_s:g} s; try again later") from None
         except BaseException:
-            self.slots.give_back(client_id)
+            self._give_back(client_id)
             raise
         call_id = uuid.uuid4().hex
         self.sessions[call_id] = session
@@ -179,7 +187,12 @@ class AgentCalls:
                 await session.close()
         finally:
             if owner is not None:
-                self.slots.give_back(owner)
+                self._give_back(owner)
+
+    def _give_back(self, client_id: str) -> None:
+        self.slots.give_back(client_id)
+        if self.voices is not None:
+            self.voices.close_session()
 
     async def _run(self, call_id: str, session: PeerSession, agent: Awaitable[None] | None, connect_s: float) -> None:
         """Keep the call until the peer leaves, its agent returns or the peer has not

@@ -94,7 +94,7 @@ def create_app(
         from voxgate.serving.agent_http import AgentCalls
         from voxgate.serving.agent_http import router as agent_router
 
-        app.state.agent_calls = AgentCalls(max_calls=settings.agent_max_calls)
+        app.state.agent_calls = AgentCalls(max_calls=settings.agent_max_calls, voices=state.limiter)
         app.state.agent_factory = AgentService(state)
         app.include_router(agent_router)
         app.include_router(page_router)
@@ -106,8 +106,10 @@ def create_app(
 
 def error_response(exc: VoxgateError, metrics: Metrics) -> JSONResponse:
     metrics.errors.labels(exc.code).inc()
-    headers = {"www-authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
-    return JSONResponse(error_body(exc.code, exc.message), status_code=exc.status, headers=headers)
+    headers = {"www-authenticate": "Bearer"} if isinstance(exc, Unauthorized) else {}
+    if exc.retry_after_s is not None:
+        headers["retry-after"] = str(exc.retry_after_s)
+    return JSONResponse(error_body(exc.code, exc.message), status_code=exc.status, headers=headers or None)
 
 
 def _install_error_handlers(app: FastAPI, metrics: Metrics) -> None:

@@ -261,6 +261,7 @@ async def healthz(request: Request) -> JSONResponse:
             "engine": engine.name,
             "sample_rate": engine.sample_rate,
             "active_streams": state.limiter.active,
+            "stream_slots": state.limiter.limit,
         }
     )
 

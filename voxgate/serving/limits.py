@@ -1,127 +1,13 @@
-"""Admission limits, all keyed on the one client identity (`voxgate.serving.auth.Client.id`):
-open streams (globally and per client, taken at once or waited for in turn), open sessions
-per client, and a message-rate bucket per socket. Used from the event loop thread only, so
-they need no lock."""
+"""Per-socket limits: cooperative turns for a socket's reader and a message-rate bucket.
+Used from the event loop thread only, so they need no lock. (Stream and session admission,
+shared by every transport, is `voxgate.speech.limits`.)"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import ClassVar
-
-from voxgate.types import Busy, TooManySessions, TooManyStreams
-
-
-@dataclass(eq=False, slots=True)
-class _Waiter:
-    client: str
-    granted: asyncio.Future[None]
-
-
-class StreamLimiter:
-    """Counts open streams. `acquire` takes a slot now or refuses (HTTP answers at once);
-    `wait` queues for one (a WebSocket session is not refused mid-utterance). A freed slot
-    goes to the longest-waiting client that is under its own limit, so a client at its cap
-    never blocks the others."""
-
-    __slots__ = ("_by_client", "_total", "_waiters", "max_per_client", "max_streams")
-
-    def __init__(self, max_streams: int, max_per_client: int) -> None:
-        self.max_streams = max_streams
-        self.max_per_client = max_per_client
-        self._by_client: dict[str, int] = {}
-        self._total = 0
-        self._waiters: deque[_Waiter] = deque()
-
-    def acquire(self, client: str) -> None:
-        """Take a slot for `client`, or raise Busy / TooManyStreams."""
-        if self._total >= self.max_streams:
-            raise Busy(f"the server is at its limit of {self.max_streams} concurrent streams; retry shortly")
-        if self._by_client.get(client, 0) >= self.max_per_client:
-            raise TooManyStreams(f"at most {self.max_per_client} concurrent streams per client")
-        self._take(client)
-
-    async def wait(self, client: str) -> None:
-        """Take a slot for `client`, waiting in turn while the server or the client is full.
-        Cancelling the wait leaves the queue (and gives back a slot granted meanwhile)."""
-        if self._grantable(client):
-            self._take(client)
-            return
-        waiter = _Waiter(client, asyncio.get_running_loop().create_future())
-        self._waiters.append(waiter)
-        try:
-            await waiter.granted
-        except asyncio.CancelledError:
-            if waiter.granted.done() and not waiter.granted.cancelled():
-                self.release(client)  # granted just as the wait was cancelled
-            else:
-                self._waiters.remove(waiter)
-            raise
-
-    def release(self, client: str) -> None:
-        self._total -= 1
-        left = self._by_client.get(client, 1) - 1
-        if left:
-            self._by_client[client] = left
-        else:
-            self._by_client.pop(client, None)
-        self._wake()
-
-    @property
-    def active(self) -> int:
-        return self._total
-
-    @property
-    def waiting(self) -> int:
-        return len(self._waiters)
-
-    def _grantable(self, client: str) -> bool:
-        return self._total < self.max_streams and self._by_client.get(client, 0) < self.max_per_client
-
-    def _take(self, client: str) -> None:
-        self._total += 1
-        self._by_client[client] = self._by_client.get(client, 0) + 1
-
-    def _wake(self) -> None:
-        """Grant free slots to waiters in arrival order, skipping clients at their own cap."""
-        if not self._waiters or self._total >= self.max_streams:
-            return
-        for waiter in list(self._waiters):
-            if self._total >= self.max_streams:
-                return
-            if self._grantable(waiter.client):
-                self._waiters.remove(waiter)
-                self._take(waiter.client)
-                waiter.granted.set_result(None)
-
-
-class SessionCounter:
-    """Open sessions (WebSocket TTS sessions and bridge sockets) per client."""
-
-    __slots__ = ("_by_client", "max_per_client")
-
-    def __init__(self, max_per_client: int) -> None:
-        self.max_per_client = max_per_client
-        self._by_client: dict[str, int] = {}
-
-    def open(self, client: str) -> None:
-        """Count one more session for `client`, or raise TooManySessions."""
-        held = self._by_client.get(client, 0)
-        if held >= self.max_per_client:
-            raise TooManySessions(f"at most {self.max_per_client} open sessions per client; end one first")
-        self._by_client[client] = held + 1
-
-    def close(self, client: str) -> None:
-        left = self._by_client.get(client, 1) - 1
-        if left:
-            self._by_client[client] = left
-        else:
-            self._by_client.pop(client, None)
-
-    def held(self, client: str) -> int:
-        return self._by_client.get(client, 0)
 
 
 class Turn:

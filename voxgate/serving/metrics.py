@@ -37,6 +37,14 @@ class Metrics:
         self.rtf = Histogram("voxgate_rtf", "Wall time / audio duration per completed stream.", ["endpoint"],
                              buckets=_RTF_BUCKETS, registry=r)  # fmt: skip
         self.active_streams = Gauge("voxgate_active_streams", "Audio streams open now.", registry=r)
+        self.streams_waiting = Gauge(
+            "voxgate_streams_waiting", "Streams of open sessions waiting for a slot (WebSocket segments, replies).",
+            registry=r,
+        )  # fmt: skip
+        self.stream_slots = Gauge(
+            "voxgate_stream_slots", "Streams admitted at once now: max_streams, or the engine's real-time capacity.",
+            registry=r,
+        )  # fmt: skip
         self.requests = Counter("voxgate_requests_total", "Requests by endpoint and status.",
                                 ["endpoint", "status"], registry=r)  # fmt: skip
         self.errors = Counter("voxgate_errors_total", "Errors by code.", ["code"], registry=r)

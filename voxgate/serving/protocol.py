@@ -118,6 +118,7 @@ class Healthy(BaseModel):
     engine: str
     sample_rate: int
     active_streams: int
+    stream_slots: int
 
 
 class NotHealthy(BaseModel):

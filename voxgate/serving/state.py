@@ -19,10 +19,10 @@ from voxgate.engines.base import Engine, check_request, collect
 from voxgate.engines.registry import create_engine
 from voxgate.serving.auth import Authenticator
 from voxgate.serving.fair import FairLimiter
-from voxgate.serving.limits import SessionCounter, StreamLimiter
 from voxgate.serving.metrics import FIRST_AUDIO_STAGES, Metrics
 from voxgate.serving.voices import VoiceOwners
 from voxgate.serving.workers import EnginePool
+from voxgate.speech.limits import SessionCounter, StreamLimiter
 from voxgate.speech.starter import StarterCache, opener_stream
 from voxgate.text import check_text, normalize_language
 from voxgate.types import (
@@ -69,10 +69,12 @@ class ServerState:
 
     def __post_init__(self) -> None:
         s = self.settings
-        self.limiter = StreamLimiter(s.max_streams, s.max_streams_per_client)
+        self.limiter = StreamLimiter(s.max_streams, s.max_streams_per_client, self.capacity)
         llm_slots = s.llm_max_concurrent or (s.llm_parallel if s.llm_embedded and not s.llm_url else 16)
         self.llm_limiter = FairLimiter(llm_slots, s.llm_max_per_client, s.llm_max_waiting, s.llm_queue_timeout_s)
         self.metrics.active_streams.set_function(lambda: self.limiter.active)  # exact on every transport
+        self.metrics.stream_slots.set_function(lambda: self.limiter.limit)
+        self.metrics.streams_waiting.set_function(lambda: self.limiter.waiting)
         self.auth = Authenticator(s.api_keys, s.admin_keys, s.auth_token_ttl_s)
         self.sessions = SessionCounter(s.max_sessions_per_client)
         # one worker per possible stream, plus room for closing cancelled iterators
@@ -129,6 +131,15 @@ class ServerState:
         except VoxgateError as exc:
             self.llm, self.llm_error = None, exc.message
             log.warning("embedded LLM not started: %s", exc.message)
+
+    def capacity(self) -> int | None:
+        """Streams the engine can keep real-time: the operator's figure, else the engine's own
+        estimate once it is serving, else None (max_streams alone bounds the streams)."""
+        if self.settings.engine_capacity is not None:
+            return self.settings.engine_capacity
+        if not self.ready or self.engine is None:
+            return None
+        return self.engine.capacity(self.settings.admission_utilization)
 
     def _engine_workers(self, engine: Engine) -> int:
         """Threads for engine calls: the setting, else what the engine can run at once (an

@@ -32,7 +32,7 @@ from voxgate.serving.state import ServerState
 from voxgate.serving.stream import EngineStream
 from voxgate.serving.ws_live import CONTROL_BYTES, Live, abort, close_quietly, send_now, send_then_close
 from voxgate.serving.wsproto import Bare, Ping, ProtocolError, SessionStart, TextDelta, error, omni_frames, parse_client
-from voxgate.types import VoxgateError
+from voxgate.types import Busy, VoxgateError
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -175,6 +175,11 @@ class Gateway:
         fmt = {"pcm16": "pcm", "mulaw": "mulaw"}.get(start.format, start.format)
         plan = self.state.voice_plan(start.voice, fmt, start.sample_rate, start.language, client=client.id)
         self.state.sessions.open(client.id)  # TooManySessions: the socket stays open
+        try:
+            self.state.limiter.open_session()  # Busy past the engine's real-time voices (the socket stays open)
+        except Busy:
+            self.state.sessions.close(client.id)
+            raise
         session_id = secrets.token_hex(16)  # 128 random bits; never listed to other clients
         s = self.settings
         session = Session(session_id, start, plan.sample_rate, s.ws_replay_bytes, s.max_text_chars,
@@ -244,6 +249,7 @@ class Gateway:
     def _end(self, live: Live) -> None:
         if self.sessions.pop(live.session.session_id, None) is not None:
             self.state.sessions.close(live.owner)
+            self.state.limiter.close_session()
         if live.stream is not None:
             live.stream.cancel("session_end")
         if live.synth is not None and live.synth is not asyncio.current_task():
@@ -399,7 +405,7 @@ class Gateway:
         finally:
             stream.cancel("done")
             live.stream = None
-            self.state.limiter.release(live.owner)
+            self.state.limiter.release(live.owner, in_session=True)
         s.segment_done(segment, failure)
 
     async def _room(self, live: Live, segment: Segment) -> None:

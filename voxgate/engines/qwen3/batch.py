@@ -36,7 +36,7 @@ from voxgate.engines.qwen3.talker import Talker
 
 log = logging.getLogger(__name__)
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 @dataclass
@@ -46,6 +46,7 @@ class GraphStats:
     captured: bool = False
     graphs: int = 0
     capture_s: float = 0.0
+    step_s: dict[int, float] = field(default_factory=dict)  # bucket -> a replayed step, seconds (`profile`)
     replays: int = 0
     eager_fallbacks: dict[str, int] = field(default_factory=dict)
 
@@ -290,6 +291,7 @@ class BatchDecoder:
                 self._graphs[b, length] = graph
         self.prefiller.capture(pool)
         torch.cuda.synchronize()
+        self.stats.step_s = self.profile()
         self.codec_state.reset()  # warm-up and capture ran on the idle rows' buffers
         self.stats.captured, self.stats.graphs = True, len(self._graphs) + len(self.prefiller.graphs)
         self.stats.capture_s = time.perf_counter() - t0
@@ -297,6 +299,24 @@ class BatchDecoder:
             "captured %d CUDA graphs (buckets %s x attention lengths %s, and prefills) in %.1f s",
             self.stats.graphs, self.buckets, self.lengths, self.stats.capture_s,
         )  # fmt: skip
+
+    def profile(self, repeats: int = 3) -> dict[int, float]:
+        """Each bucket's captured step, replayed with its outputs copied to the host: the median
+        of `repeats` (after one warm replay), in seconds. At the second attention span (512
+        positions: a prompt and about 30 s of speech), what most streams attend over; longer
+        streams' steps are measured live by the runner. Start-up only: the rows are idle."""
+        length = self.lengths[min(1, len(self.lengths) - 1)]
+        costs: dict[int, float] = {}
+        for b in self.buckets:
+            graph, took = self._graphs[b, length], []
+            for _ in range(repeats + 1):
+                t0 = time.perf_counter()
+                graph.replay()
+                PendingStep.start(self.out_codes[:b], self.out_pcm[:b], self._host_buffers(b)).result()
+                took.append(time.perf_counter() - t0)
+            costs[b] = sorted(took[1:])[len(took[1:]) // 2]
+        log.info("step cost by bucket (ms): %s", ", ".join(f"{b}: {c * 1e3:.1f}" for b, c in costs.items()))
+        return costs
 
     # ------------------------------------------------------------------ rows
 

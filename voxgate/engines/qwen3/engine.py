@@ -148,6 +148,14 @@ class Qwen3Engine(Engine):
             fallbacks[f"no_graphs_{self.eager_reason}"] = float(self._streams_served)
         return {"graph_replays": replays, "eager_fallbacks": fallbacks, "streams": load, "streams_now": now}
 
+    def capacity(self, utilization: float) -> int | None:
+        """Batched: the rows whose steps fit `utilization` of a frame (profiled at start-up,
+        then measured live: step_cost.py). Eager: None (one stream at a time, queued)."""
+        if self.runner is None:
+            return None
+        frame_s = self.ck.codec.config.samples_per_frame / SAMPLE_RATE
+        return self.runner.capacity(frame_s, utilization)
+
     def voices(self) -> list[VoiceInfo]:
         if self.clones is None:
             return list(self._voices)

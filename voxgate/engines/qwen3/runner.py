@@ -21,6 +21,7 @@ from voxgate.engines.qwen3.codec import DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.prompt import Prompt
 from voxgate.engines.qwen3.scheduler import Scheduler
+from voxgate.engines.qwen3.step_cost import StepCosts
 from voxgate.types import CancelToken, EngineFailure
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class Runner:
     def __init__(self, decoder: BatchDecoder, scheduler: Scheduler) -> None:
         self.decoder, self.scheduler = decoder, scheduler
         self.stats = RunnerStats()
+        self.costs = StepCosts(dict(decoder.stats.step_s))  # what a step takes per bucket (step_cost.py)
         self._jobs: dict[str, Job] = {}
         self._lock = threading.Condition()
         self._closed = False
@@ -88,6 +90,11 @@ class Runner:
         """(running, waiting) streams."""
         with self._lock:
             return self.scheduler.running, self.scheduler.waiting
+
+    def capacity(self, frame_s: float, utilization: float) -> int | None:
+        """Streams whose steps fit `utilization` of a frame (see step_cost.py); None unprofiled."""
+        with self._lock:
+            return self.costs.realtime_rows(frame_s, utilization, self.scheduler.max_running)
 
     def close(self) -> None:
         with self._lock:
@@ -143,8 +150,12 @@ class Runner:
                         self._end(job, EngineFailure(f"decode step failed: {exc}"))
             if pending is not None:
                 self._hand_out(*pending)
+            took = time.perf_counter() - started
+            if launched is not None and pending is not None:  # a steady period: one step waited for another
+                with self._lock:
+                    self.costs.record(plan.bucket, took)
             pending = launched
-            self.stats.busy_seconds += time.perf_counter() - started
+            self.stats.busy_seconds += took
 
     def _hand_out(self, step: PendingStep, running: list[Job]) -> None:
         try:

@@ -23,7 +23,7 @@ from enum import Enum
 
 from voxgate.types import Busy, NotFound
 
-DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 class Phase(Enum):

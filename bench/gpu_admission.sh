@@ -1,0 +1,52 @@
+#!/bin/sh
+# On the device machine (after bench/gpu_bundle.sh here, carrying .gpu): qwen3 with ROWS batch
+# rows (default 128) behind the WebSocket gateway; the engine's own capacity estimate (its step
+# cost by bucket, /healthz stream_slots), then `voxgate load --find-capacity` (5 words/s,
+# starter segments) and `--scenario overload` (text 4x faster, twice the estimate, then a probe).
+# Usage: sh bench/gpu_admission.sh [seed] [model]   (model default Qwen3-TTS-12Hz-0.6B-CustomVoice)
+# Environment: RES (results folder, default $OUT), ROWS, KV (qwen3_kv_capacity, default 2048),
+# CAPACITY=0 / OVERLOAD=0 (skip a part), DURATION (seconds of text a round, default 15),
+# EXTRA (more server settings, KEY=VALUE without the VOXGATE_ prefix).
+set -u
+SEED=${1:-11}
+MODEL=${2:-Qwen3-TTS-12Hz-0.6B-CustomVoice}
+TAG=$(echo $MODEL | sed 's/Qwen3-TTS-12Hz-//')
+RES=${RES:-$OUT}
+ROWS=${ROWS:-128}
+DURATION=${DURATION:-15}
+mkdir -p "$RES"
+python3 -m pip install -q --no-index --no-deps .gpu/wheels/*.whl 2>&1 | tail -2
+export VOXGATE_LLM_EMBEDDED=false VOXGATE_AGENT_MAX_CALLS=0
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch; print('torch', torch.__version__)"; } > $RES/machine.txt
+[ -d /tmp/ckpt-$TAG-$SEED ] || PYTHONPATH=$PWD python3 -m voxgate make-random-checkpoint --configs .gpu/qwen3-tts \
+    --model $MODEL --out /tmp/ckpt-$TAG-$SEED --seed $SEED > $RES/checkpoint-$TAG.txt 2>&1 || exit 1
+env PYTHONPATH=$PWD VOXGATE_QWEN3_MODEL_DIR=/tmp/ckpt-$TAG-$SEED VOXGATE_QWEN3_DEVICE=cuda VOXGATE_QWEN3_DTYPE=bfloat16 \
+    VOXGATE_QWEN3_MAX_STREAMS=$ROWS VOXGATE_QWEN3_KV_CAPACITY=${KV:-2048} VOXGATE_ENGINE=qwen3 \
+    VOXGATE_MAX_STREAMS=512 VOXGATE_MAX_STREAMS_PER_CLIENT=512 VOXGATE_MAX_SESSIONS_PER_CLIENT=512 \
+    VOXGATE_WS_MAX_SESSIONS=1024 VOXGATE_ADMIN_KEYS=bench-admin VOXGATE_TIMINGS_KEPT=100000 \
+    $(for kv in ${EXTRA:-}; do printf 'VOXGATE_%s ' $kv; done) \
+    python3 -m voxgate serve --port 8765 > $RES/serve-$TAG-rows$ROWS.log 2>&1 &
+SERVER=$!
+for i in $(seq 400); do
+    curl -sf localhost:8765/healthz > /dev/null && break
+    kill -0 $SERVER 2>/dev/null || { echo "server exited"; tail -30 $RES/serve-$TAG-rows$ROWS.log; exit 1; }
+    sleep 1
+done
+curl -s localhost:8765/healthz > $RES/healthz-rows$ROWS.json
+grep -E "captured|step cost" $RES/serve-$TAG-rows$ROWS.log
+cat $RES/healthz-rows$ROWS.json; echo
+SLOTS=$(python3 -c "import json; print(json.load(open('$RES/healthz-rows$ROWS.json'))['stream_slots'])")
+LOAD="python3 -m voxgate load --url ws://127.0.0.1:8765/v1/tts/ws --starter-units 3 --admin-key bench-admin"
+if [ "${CAPACITY:-1}" = 1 ]; then
+    PYTHONPATH=$PWD $LOAD --find-capacity --concurrency 64 --capacity-max $((SLOTS + SLOTS / 2)) --cps 5 \
+        --duration $DURATION --output-json $RES/capacity-$TAG-rows$ROWS.json > $RES/capacity-$TAG-rows$ROWS.txt 2>&1
+    grep "\[capacity\]" $RES/capacity-$TAG-rows$ROWS.txt; tail -3 $RES/capacity-$TAG-rows$ROWS.txt
+fi
+if [ "${OVERLOAD:-1}" = 1 ]; then
+    PYTHONPATH=$PWD $LOAD --scenario overload --concurrency $((SLOTS * 2)) --cps 20 --duration $DURATION \
+        --probe-sessions 8 --probe-duration 10 --output-json $RES/overload-$TAG-rows$ROWS.json \
+        > $RES/overload-$TAG-rows$ROWS.txt 2>&1
+    tail -12 $RES/overload-$TAG-rows$ROWS.txt
+fi
+curl -s localhost:8765/metrics | grep -E "^voxgate_(stream_slots|active_streams|streams_waiting|errors_total)" > $RES/metrics-rows$ROWS.txt
+kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null

@@ -1,0 +1,86 @@
+"""Admission bounded by the engine's real-time capacity, the same on every transport: past the
+slots, HTTP hears `busy` (503 + Retry-After) at once, a new WebSocket session or agent call
+hears `busy` while others already wait, and sessions already open wait their turn."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import ExitStack
+
+import httpx
+import pytest
+import websockets
+
+from tests.conftest import ServerProcess, metric, wait_for
+from tests.integration.test_agent_abuse import OFFER
+from tests.integration.wsclient import Client
+
+LONG_TEXT = " ".join(f"word{i}" for i in range(200))  # 200 chunks at 40 ms each: 8 s of generation
+CAPACITY = 2
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    """The engine says it keeps 2 streams real-time; the configured limits are far above."""
+    env = {"TONE_DELAY_MS": "40", "ENGINE_CAPACITY": str(CAPACITY), "MAX_STREAMS": "8", "MAX_STREAMS_PER_CLIENT": "8"}
+    with ServerProcess("tone", env=env) as server:
+        yield server
+
+
+def _hold(stack: ExitStack, server: ServerProcess) -> httpx.Response:
+    """A long stream whose response stays open (its slot held) until the stack closes."""
+    url = f"{server.url}/tts/stream"
+    response = stack.enter_context(httpx.stream("POST", url, json={"text": LONG_TEXT}, timeout=30))
+    assert response.status_code == 200
+    return response
+
+
+def test_http_past_the_capacity_hears_busy_with_retry_after_and_the_gauges_agree(server):
+    url = f"{server.url}/tts/stream"
+    assert httpx.get(f"{server.url}/healthz").json()["stream_slots"] == CAPACITY
+    assert metric(server, "voxgate_stream_slots") == CAPACITY
+    with ExitStack() as stack:
+        for _ in range(CAPACITY):
+            _hold(stack, server)
+        busy = httpx.post(url, json={"text": "one too many"})
+        assert busy.status_code == 503, busy.text
+        assert busy.json()["error"]["code"] == "busy" and "real time" in busy.json()["error"]["message"]
+        assert busy.headers["retry-after"] == "1"
+        openai = httpx.post(f"{server.url}/v1/audio/speech", json={"model": "tts-1", "input": "hi", "voice": "alloy"})
+        assert openai.status_code == 503 and openai.headers["retry-after"] == "1"
+        assert httpx.get(f"{server.url}/healthz").json()["active_streams"] == CAPACITY
+        assert metric(server, "voxgate_active_streams") == CAPACITY
+    assert wait_for(lambda: metric(server, "voxgate_active_streams") == 0)
+    assert httpx.post(url, json={"text": "room again"}).status_code == 200
+
+
+def test_a_session_reserves_a_voice_and_a_newcomer_past_the_capacity_hears_busy(server):
+    ws_url = server.url.replace("http", "ws") + "/v1/tts/ws"
+
+    async def run() -> None:
+        with ExitStack() as stack:
+            _hold(stack, server)  # one standalone stream: one voice of the two
+            async with websockets.connect(ws_url) as first_ws, websockets.connect(ws_url) as second_ws:
+                first, second = Client(first_ws), Client(second_ws)
+                assert (await first.start())["type"] == "session.started"  # the second voice
+                refused = await second.start()
+                assert refused["type"] == "error" and refused["code"] == "busy", refused
+                http = await asyncio.to_thread(httpx.post, f"{server.url}/tts/stream", json={"text": "no voice left"})
+                assert http.status_code == 503 and http.headers["retry-after"] == "1"
+                offer = await asyncio.to_thread(
+                    httpx.post, f"{server.url}/v1/agent/offer", json={"sdp": OFFER, "type": "offer"}
+                )
+                assert offer.status_code == 503 and offer.json()["error"]["code"] == "busy", offer.text
+                await first.words("the reserved voice speaks")  # while the standalone stream still runs
+                await first.send(type="text.end")
+                assert (await first.until("audio"))["type"] == "audio"
+                await first.until("utterance.done")
+                await first.send(type="session.end")
+                await first.until("session.done")
+                assert await asyncio.to_thread(wait_for, lambda: metric(server, "voxgate_ws_sessions") == 0)
+                retried = await second.start()  # the socket stayed open; a voice is free now
+                assert retried["type"] == "session.started", retried
+
+    asyncio.run(run())
+    assert wait_for(lambda: metric(server, "voxgate_active_streams") == 0)
