@@ -34,20 +34,25 @@ def test_the_share_of_a_frame_must_be_a_fraction(utilization):
 
 def test_measured_steps_raise_a_profile_but_never_lower_it():
     costs = StepCosts({1: 0.010, 64: 0.030})
-    costs.record(64, 0.070)  # the first measurement is taken as it is
-    assert costs.cost() == {1: 0.010, 64: 0.070}
+    costs.record(64, 0.100)  # one slow step moves the average a little
+    assert costs.cost()[64] == pytest.approx(0.030 + SMOOTHING * 0.070)
+    assert costs.realtime_rows(FRAME_S, 0.6, slots=64) == 64
+    for _ in range(100):  # steps that stay slow move it all the way
+        costs.record(64, 0.070)
+    assert costs.cost()[64] == pytest.approx(0.070, rel=0.01)
     assert costs.realtime_rows(FRAME_S, 0.6, slots=64) == 1
-    for _ in range(200):  # the average follows the steps back down to the profile's floor
+    for _ in range(200):  # and back down, but never under the profile
         costs.record(64, 0.001)
     assert costs.cost()[64] == 0.030
     assert costs.realtime_rows(FRAME_S, 0.6, slots=64) == 64
 
 
 def test_each_step_moves_the_average_by_the_smoothing_weight():
-    costs = StepCosts({8: 0.0})
+    costs = StepCosts({8: 0.010})
     costs.record(8, 0.020)
     costs.record(8, 0.040)
-    assert costs.live[8] == pytest.approx(0.020 + SMOOTHING * 0.020)
+    first = 0.010 + SMOOTHING * 0.010
+    assert costs.live[8] == pytest.approx(first + SMOOTHING * (0.040 - first))
 
 
 def test_without_a_profile_there_is_no_estimate():

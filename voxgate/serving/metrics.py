@@ -42,7 +42,7 @@ class Metrics:
             registry=r,
         )  # fmt: skip
         self.stream_slots = Gauge(
-            "voxgate_stream_slots", "Streams admitted at once now: max_streams, or the engine's real-time capacity.",
+            "voxgate_stream_slots", "Voices admitted at once now: max_streams, or the engine's real-time capacity.",
             registry=r,
         )  # fmt: skip
         self.requests = Counter("voxgate_requests_total", "Requests by endpoint and status.",

@@ -30,16 +30,16 @@ class StreamLimiter:
       `release(client, in_session=True)`. A freed slot goes to the longest-waiting client
       under its own limit, so a client at its cap never blocks the others.
 
-    Slots (streams computing at once) are the fewer of `max_streams` and `capacity()`: how
-    many streams the engine can keep real-time, as it measures itself (`Engine.capacity`;
-    the batched qwen3 engine's figure follows its step cost while serving) or as the
-    operator pinned it. When that capacity is known it also bounds the *voices*: open
-    sessions plus standalone streams. A session reserves one voice for as long as it is open,
-    since its listener expects real-time speech for all of it; a newcomer past the capacity
-    hears `busy` at once rather than joining a round robin in which every listener would run
-    dry. With no capacity known, a session is refused only when every slot is taken and
-    others already wait. Streams and sessions already in keep what they hold when the
-    capacity falls."""
+    Slots (streams computing at once) are `max_streams`. The engine's real-time capacity
+    (`capacity()`: as it measures itself, `Engine.capacity`, whose figure for the batched qwen3
+    engine follows its step cost while serving, or as the operator pinned it) bounds
+    admission, not the slots: when it is known, the *voices* (open sessions plus standalone
+    streams) may not pass it. A session reserves one voice for as long as it is open, since
+    its listener expects real-time speech for all of it; a newcomer past the capacity hears
+    `busy` at once rather than joining a round robin in which every listener would run dry.
+    What is already in keeps going when the capacity falls (throttling it would only turn a
+    slower engine into a queue for everyone). With no capacity known, a session is refused
+    only when every slot is taken and others already wait."""
 
     __slots__ = ("_by_client", "_in_session", "_sessions", "_total", "_waiters", "capacity", "max_per_client",
                  "max_streams")  # fmt: skip
@@ -60,7 +60,7 @@ class StreamLimiter:
 
     @property
     def limit(self) -> int:
-        """Slots now: `max_streams`, or the engine's real-time capacity if that is fewer."""
+        """Voices admitted at once now: `max_streams`, or the engine's real-time capacity if fewer."""
         known = self._known()
         return self.max_streams if known is None else min(self.max_streams, known)
 
@@ -71,9 +71,8 @@ class StreamLimiter:
 
     def acquire(self, client: str) -> None:
         """Take a slot for a standalone stream of `client`, or raise Busy / TooManyStreams."""
-        limit = self.limit
-        if self._total >= limit:
-            self._busy(limit)
+        if self._total >= self.max_streams:
+            self._busy()
         self._check_voices()
         if self._by_client.get(client, 0) >= self.max_per_client:
             raise TooManyStreams(f"at most {self.max_per_client} concurrent streams per client")
@@ -82,9 +81,8 @@ class StreamLimiter:
     def open_session(self) -> None:
         """Let a session in (it reserves a voice while the capacity is known), or raise Busy."""
         self._check_voices()
-        limit = self.limit
-        if self._waiters and self._total >= limit:
-            self._busy(limit)
+        if self._waiters and self._total >= self.max_streams:
+            self._busy()
         self._sessions += 1
 
     def close_session(self) -> None:
@@ -99,9 +97,7 @@ class StreamLimiter:
         if known is not None and self.voices >= known:
             raise Busy(f"the engine can voice {known} streams in real time and all are taken; retry shortly")
 
-    def _busy(self, limit: int) -> None:
-        if limit < self.max_streams:
-            raise Busy(f"the engine can voice {limit} streams in real time and all are in use; retry shortly")
+    def _busy(self) -> None:
         raise Busy(f"the server is at its limit of {self.max_streams} concurrent streams; retry shortly")
 
     async def wait(self, client: str) -> None:
@@ -141,7 +137,7 @@ class StreamLimiter:
         return len(self._waiters)
 
     def _grantable(self, client: str) -> bool:
-        return self._total < self.limit and self._by_client.get(client, 0) < self.max_per_client
+        return self._total < self.max_streams and self._by_client.get(client, 0) < self.max_per_client
 
     def _take(self, client: str, in_session: bool = False) -> None:
         self._total += 1
@@ -150,11 +146,10 @@ class StreamLimiter:
 
     def _wake(self) -> None:
         """Grant free slots to waiters in arrival order, skipping clients at their own cap."""
-        limit = self.limit
-        if not self._waiters or self._total >= limit:
+        if not self._waiters or self._total >= self.max_streams:
             return
         for waiter in list(self._waiters):
-            if self._total >= limit:
+            if self._total >= self.max_streams:
                 return
             if self._grantable(waiter.client):
                 self._waiters.remove(waiter)

@@ -151,7 +151,7 @@ class Runner:
             if pending is not None:
                 self._hand_out(*pending)
             took = time.perf_counter() - started
-            if launched is not None and pending is not None:  # a steady period: one step waited for another
+            if launched is not None and pending is not None and not plan.prefill:  # a steady period
                 with self._lock:
                     self.costs.record(plan.bucket, took)
             pending = launched

@@ -3,7 +3,7 @@
 Every running stream gets one 80 ms frame per step, and a step's cost is set by its bucket
 (the captured batch size covering the rows in use), not by the streams in it. So the streams
 the runner can keep ahead of their listeners are the rows of the largest bucket whose step
-(with the prefills and host work around it) fits a share of a frame: at `utilization` 0.6, a
+(with the host work around it) fits a share of a frame: at `utilization` 0.6, a
 step of at most 48 ms. The rest of the frame is the margin for prefill bursts, the event
 loop and a step that runs long.
 
@@ -30,8 +30,11 @@ class StepCosts:
     live: dict[int, float] = field(default_factory=dict)  # bucket -> seconds (moving average)
 
     def record(self, bucket: int, seconds: float) -> None:
-        old = self.live.get(bucket)
-        self.live[bucket] = seconds if old is None else old + SMOOTHING * (seconds - old)
+        """One step's loop period (the runner leaves out periods that also ran prefills: new
+        streams' bursts are what the share of a frame left free is for). The average starts
+        from the profile, and one slow step moves it by `SMOOTHING` of the difference."""
+        old = self.live.get(bucket, self.profiled.get(bucket, seconds))
+        self.live[bucket] = old + SMOOTHING * (seconds - old)
 
     def cost(self) -> dict[int, float]:
         """Each profiled bucket's step in seconds: the larger of its profile and its average."""
