@@ -6,7 +6,8 @@
 # Usage: sh bench/gpu_admission.sh [seed] [model]   (model default Qwen3-TTS-12Hz-0.6B-CustomVoice)
 # Environment: RES (results folder, default $OUT), ROWS, KV (qwen3_kv_capacity, default 2048),
 # CAPACITY=0 / OVERLOAD=0 (skip a part), DURATION (seconds of text a round, default 15), START,
-# CAPMAX, GROWTH (the search: from 64 sessions, at most the engine's estimate, doubling),
+# CAPMAX, GROWTH, UNDERRUN_MS (the search: from 64 sessions, at most the engine's estimate,
+# doubling, no underrun allowed),
 # EXTRA (more server settings, KEY=VALUE without the VOXGATE_ prefix).
 set -u
 SEED=${1:-11}
@@ -39,7 +40,7 @@ cat $RES/healthz-rows$ROWS.json; echo
 SLOTS=$(python3 -c "import json; print(json.load(open('$RES/healthz-rows$ROWS.json'))['stream_slots'])")
 LOAD="python3 -m voxgate load --url ws://127.0.0.1:8765/v1/tts/ws --starter-units 3 --admin-key bench-admin"
 if [ "${CAPACITY:-1}" = 1 ]; then
-    PYTHONPATH=$PWD $LOAD --find-capacity --concurrency ${START:-64} --capacity-max ${CAPMAX:-$SLOTS} --capacity-growth ${GROWTH:-2} --cps 5 \
+    PYTHONPATH=$PWD $LOAD --find-capacity --concurrency ${START:-64} --capacity-max ${CAPMAX:-$SLOTS} --capacity-growth ${GROWTH:-2} --max-underrun-ms ${UNDERRUN_MS:-0} --cps 5 \
         --duration $DURATION --output-json $RES/capacity-$TAG-rows$ROWS.json > $RES/capacity-$TAG-rows$ROWS.txt 2>&1
     grep "\[capacity\]" $RES/capacity-$TAG-rows$ROWS.txt; tail -3 $RES/capacity-$TAG-rows$ROWS.txt
 fi

@@ -84,3 +84,41 @@ def test_a_session_reserves_a_voice_and_a_newcomer_past_the_capacity_hears_busy(
 
     asyncio.run(run())
     assert wait_for(lambda: metric(server, "voxgate_active_streams") == 0)
+
+
+def test_a_dropped_session_frees_its_voice_and_its_resume_takes_one_back(server):
+    """Nobody listens to a session whose socket dropped: a newcomer may have its voice at once
+    (the load after an overload must not wait out the resume window), and the listener who
+    comes back resumes even when that puts the voices past the capacity."""
+    ws_url = server.url.replace("http", "ws") + "/v1/tts/ws"
+
+    async def run() -> None:
+        async with websockets.connect(ws_url) as b_ws, websockets.connect(ws_url) as c_ws:
+            a_ws = await websockets.connect(ws_url)
+            started = await Client(a_ws).start()
+            assert started["type"] == "session.started"
+            b, c = Client(b_ws), Client(c_ws)
+            assert (await b.start())["type"] == "session.started"
+            assert (await c.start())["code"] == "busy"
+            await a_ws.close()  # dropped, not ended: the session waits for a resume
+            assert await asyncio.to_thread(wait_for, lambda: metric(server, "voxgate_ws_sessions_detached") == 1)
+            assert (await c.start())["type"] == "session.started"  # the dropped session's voice
+            async with websockets.connect(ws_url) as again_ws:
+                again = Client(again_ws)
+                resume = {"session_id": started["session_id"], "resume_token": started["resume_token"],
+                          "last_unit_index_received": -1}  # fmt: skip
+                await again.send(type="session.start", resume=resume)
+                resumed = await again.next()
+                assert resumed["type"] == "session.started" and resumed["resumed"] is True, resumed
+                await again.send(type="session.end")
+                await again.until("session.done")
+            await b.send(type="session.end")
+            await c.send(type="session.end")
+            await b.until("session.done")
+            await c.until("session.done")
+        assert await asyncio.to_thread(wait_for, lambda: metric(server, "voxgate_ws_sessions") == 0)
+        async with websockets.connect(ws_url) as d_ws, websockets.connect(ws_url) as e_ws:
+            assert (await Client(d_ws).start())["type"] == "session.started"  # every voice came back
+            assert (await Client(e_ws).start())["type"] == "session.started"
+
+    asyncio.run(run())

@@ -184,7 +184,7 @@ class Gateway:
         s = self.settings
         session = Session(session_id, start, plan.sample_rate, s.ws_replay_bytes, s.max_text_chars,
                           s.ws_text_queue_chars)  # fmt: skip
-        live = Live(session, plan, owner=client.id, resume_token=secrets.token_urlsafe(24), omni=omni)
+        live = Live(session, plan, owner=client.id, resume_token=secrets.token_urlsafe(24), omni=omni, reserved=True)
         self.sessions[session_id] = live
         live.synth = asyncio.get_running_loop().create_task(self._synthesise(live))
         self._attach(live, websocket, resumed=False)
@@ -215,6 +215,9 @@ class Gateway:
     def _attach(self, live: Live, websocket: WebSocket, resumed: bool) -> None:
         s = live.session
         live.socket, live.detached_at = websocket, None
+        if not live.reserved:  # a resumed listener gets its voice back, even past the capacity
+            self.state.limiter.open_session(force=True)
+            live.reserved = True
         live.replies.clear()
         live.reply_bytes, live.close_code = 0, None
         live.reply({"type": "session.started", "session_id": s.session_id, "resume_token": live.resume_token,
@@ -232,6 +235,12 @@ class Gateway:
             self._end(live)
         else:
             live.detached_at = time.monotonic()
+            self._unreserve(live)  # nobody listens: newcomers may have its voice (a resume takes it back)
+
+    def _unreserve(self, live: Live) -> None:
+        if live.reserved:
+            live.reserved = False
+            self.state.limiter.close_session()
 
     def _stop_writer(self, live: Live) -> None:
         if live.writer is not None and live.writer is not asyncio.current_task():
@@ -249,7 +258,7 @@ class Gateway:
     def _end(self, live: Live) -> None:
         if self.sessions.pop(live.session.session_id, None) is not None:
             self.state.sessions.close(live.owner)
-            self.state.limiter.close_session()
+        self._unreserve(live)
         if live.stream is not None:
             live.stream.cancel("session_end")
         if live.synth is not None and live.synth is not asyncio.current_task():

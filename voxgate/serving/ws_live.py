@@ -37,6 +37,7 @@ class Live:
     writer: asyncio.Task[None] | None = None
     synth: asyncio.Task[None] | None = None
     detached_at: float | None = None
+    reserved: bool = False  # holds one of the engine's voices (speech/limits.py): while a socket is attached
     pace_start: float | None = None  # playback clock of the current utterance (pacing)
     pace_utterance: int = -1
     paced_samples: int = 0

@@ -78,11 +78,13 @@ class StreamLimiter:
             raise TooManyStreams(f"at most {self.max_per_client} concurrent streams per client")
         self._take(client)
 
-    def open_session(self) -> None:
-        """Let a session in (it reserves a voice while the capacity is known), or raise Busy."""
-        self._check_voices()
-        if self._waiters and self._total >= self.max_streams:
-            self._busy()
+    def open_session(self, *, force: bool = False) -> None:
+        """Let a session in (it reserves a voice while the capacity is known), or raise Busy;
+        `force`: without the checks (a listener that was in and comes back: a resume)."""
+        if not force:
+            self._check_voices()
+            if self._waiters and self._total >= self.max_streams:
+                self._busy()
         self._sessions += 1
 
     def close_session(self) -> None:
