@@ -138,6 +138,7 @@ class Runner:
             started = time.perf_counter()
             if plan.prefill:
                 self._prefill([(self._jobs[i], row) for i, row in plan.prefill])
+            prefilled = time.perf_counter() - started
             jobs = [self._jobs.get(i) for i, _ in plan.decode]  # a failed prefill has left already
             running = [job for job in jobs if job is not None and job.row >= 0]
             launched = None
@@ -151,9 +152,9 @@ class Runner:
             if pending is not None:
                 self._hand_out(*pending)
             took = time.perf_counter() - started
-            if launched is not None and pending is not None and not plan.prefill:  # a steady period
+            if launched is not None and pending is not None:  # a period in which one step waited for another
                 with self._lock:
-                    self.costs.record(plan.bucket, took)
+                    self.costs.record(plan.bucket, took - prefilled)
             pending = launched
             self.stats.busy_seconds += took
 

@@ -30,9 +30,11 @@ class StepCosts:
     live: dict[int, float] = field(default_factory=dict)  # bucket -> seconds (moving average)
 
     def record(self, bucket: int, seconds: float) -> None:
-        """One step's loop period (the runner leaves out periods that also ran prefills: new
-        streams' bursts are what the share of a frame left free is for). The average starts
-        from the profile, and one slow step moves it by `SMOOTHING` of the difference."""
+        """One step's loop period, less the prefills it also ran (new streams' bursts are
+        what the share of a frame left free is for): the GPU's step and the host's work around
+        it, the hand-out of every row's frame and the waits for the GIL included, which past
+        about 128 streams cost more than the step itself (BENCHMARKS.md). The average starts
+        from the profile, and one slow period moves it by `SMOOTHING` of the difference."""
         old = self.live.get(bucket, self.profiled.get(bucket, seconds))
         self.live[bucket] = old + SMOOTHING * (seconds - old)
 
