@@ -122,3 +122,54 @@ def test_a_dropped_session_frees_its_voice_and_its_resume_takes_one_back(server)
             assert (await Client(e_ws).start())["type"] == "session.started"
 
     asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def small_replay_server() -> Iterator[ServerProcess]:
+    """Tone at 2 ms a unit (120 ms of audio), a 64 KiB replay budget (about 11 units)."""
+    env = {"TONE_DELAY_MS": "2", "WS_REPLAY_BYTES": "65536", "WS_RESUME_WINDOW_S": "120"}
+    with ServerProcess("tone", env=env) as server:
+        yield server
+
+
+UNIT_BYTES = 5760  # 120 ms of pcm16 at 24 kHz
+
+
+def test_a_session_nobody_listens_to_is_voiced_no_further_than_its_replay_budget(small_replay_server):
+    """Its text waits, not voiced ahead of the sessions that do listen; nothing of it is lost:
+    a resume gets every unit."""
+    server = small_replay_server
+    ws_url = server.url.replace("http", "ws") + "/v1/tts/ws"
+    words = 300  # 36 s of audio, 1.7 MB: far past the budget and the 1 MiB send queue
+
+    def voiced(session_id: str) -> float:
+        """Audio seconds of the session's segments that have finished (from their timing rows)."""
+        rows = httpx.get(f"{server.url}/debug/timings", headers=server.admin_headers()).json()["timings"]
+        return round(sum(r["audio_s"] for r in rows if r["request_id"].startswith(session_id + ":")), 3)
+
+    async def run() -> None:
+        ws = await websockets.connect(ws_url)
+        client = Client(ws)
+        started = await client.start()
+        await client.words(" ".join(f"w{i}" for i in range(words)))
+        await client.send(type="text.end")
+        await ws.close()  # dropped without reading
+        session_id = started["session_id"]
+        previous = -1.0
+        while (now := voiced(session_id)) != previous:  # settled: nothing finished for a second
+            previous = now
+            await asyncio.sleep(1.0)
+        # the budget (1.37 s), the segment that crossed it and the one under way (12 units, 1.44 s
+        # each), the 3-unit starter: 4.6 s at most of the 36 s
+        assert now <= 5.0, f"{now} s of {words * 0.12:.0f} s voiced with nobody listening"
+        async with websockets.connect(ws_url) as again_ws:
+            again = Client(again_ws)
+            resume = {"session_id": session_id, "resume_token": started["resume_token"],
+                      "last_unit_index_received": -1}  # fmt: skip
+            await again.send(type="session.start", resume=resume)
+            assert (await again.next())["type"] == "session.started"
+            await again.until("utterance.done", timeout=60)
+            audio = sum(len(m["payload"]) for m in again.of("audio") if "payload" in m)
+            assert audio == words * UNIT_BYTES  # every unit, once
+
+    asyncio.run(run())

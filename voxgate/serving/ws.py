@@ -35,6 +35,7 @@ from voxgate.serving.wsproto import Bare, Ping, ProtocolError, SessionStart, Tex
 from voxgate.types import Busy, VoxgateError
 
 log = logging.getLogger(__name__)
+DETACHED_PRIORITY = -100  # the lowest a request may ask for (HTTP allows -100..100)
 router = APIRouter()
 
 
@@ -225,6 +226,7 @@ class Gateway:
                     "next_unit_index": s.next_unit, "resume_window_s": self.settings.ws_resume_window_s})  # fmt: skip
         live.pace_start, live.pace_utterance = None, -1
         live.writer = asyncio.get_running_loop().create_task(self._write(live, websocket))
+        live.work.set()  # a synthesiser that held back while nobody listened goes on
 
     def _detach(self, live: Live, websocket: WebSocket) -> None:
         if live.socket is not websocket:
@@ -366,6 +368,13 @@ class Gateway:
         s, idle = live.session, self.settings.ws_idle_flush_ms / 1000
         try:
             while not s.done:
+                if live.socket is None and s.unsent_bytes >= self.settings.ws_replay_bytes:
+                    # Nobody listens: voice no further ahead than a resume could take at once (the
+                    # engine is for the sessions that do listen; a resume wakes this up).
+                    live.work.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(live.work.wait(), timeout=0.2)
+                    continue
                 segment = s.take_segment()
                 if segment is None:
                     live.work.clear()
@@ -384,6 +393,8 @@ class Gateway:
     async def _speak(self, live: Live, segment: Segment) -> None:
         s, engine = live.session, self.state.require_engine()
         request = replace(live.plan.request, text=segment.text, request_id=f"{s.session_id}:{segment.unit_start}")
+        if live.socket is None:  # a session nobody listens to goes after every other stream
+            request = replace(request, priority=DETACHED_PRIORITY)
         taken = time.perf_counter()
         await self.state.limiter.wait(live.owner)  # the client's slots, in turn: never refused mid-utterance
         slot = time.perf_counter()
