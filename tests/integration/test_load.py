@@ -143,6 +143,7 @@ def test_find_capacity_and_overload_from_the_command_line(gateway, tmp_path):
     assert [r["sessions"] for r in capacity["rounds"]] == [1, 2, 3] and capacity["capacity"] == 3
     assert capacity["saturates_at"] is None and "capacity: 3 sessions; saturates at not within 3" in found.stdout
     assert "[capacity] 2 sessions: pass" in found.stderr
+    assert found.stderr.count("for an idle server") == 3  # each round waits until nothing is left running
     out = tmp_path / "overload.json"
     crowd = subprocess.run([*common, "--scenario", "overload", "--concurrency", "3", "--probe-sessions", "2",
                             "--probe-duration", "1", "--output-json", str(out)],

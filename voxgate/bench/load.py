@@ -304,6 +304,27 @@ def execute(params: LoadParams) -> dict[str, Any]:
     }
 
 
+def wait_idle(params: LoadParams, timeout_s: float = 180.0, poll_s: float = 1.0) -> float | None:
+    """Wait until the server computes no stream (`/healthz` active_streams 0): the sessions of
+    a round that ran past capacity may leave work behind (a segment under way each), and the
+    next round must not inherit it. Returns the seconds waited, or None when the server would
+    not say or was still busy after `timeout_s` (the round then starts anyway)."""
+    import httpx
+
+    base = re.sub(r"^ws", "http", params.url.split("/v1/")[0])
+    start = time.monotonic()
+    while True:
+        try:
+            active = httpx.get(f"{base}/healthz", timeout=10).json()["active_streams"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return None
+        if active == 0:
+            return round(time.monotonic() - start, 1)
+        if time.monotonic() - start > timeout_s:
+            return None
+        time.sleep(poll_s)
+
+
 def server_first_audio(params: LoadParams, since: float) -> dict[str, Any]:
     """The server's own split of each segment's first audio during this run (queue, slot,
     engine, hop, write: see the README's metrics), from `GET /debug/timings`, an admin route.
@@ -367,9 +388,19 @@ def run_capacity(args: argparse.Namespace, params: LoadParams) -> int:
     report: dict[str, Any] = {"command": command, "bench": "load", "date": started.isoformat(timespec="seconds"),
                               "machine": machine(), "parameters": {k: v for k, v in asdict(params).items()
                                                                   if k not in ("api_key", "admin_key")}}  # fmt: skip
+
+    def settled(round_params: LoadParams) -> dict[str, Any]:
+        """A round once the server has nothing left of the round before."""
+        waited = wait_idle(round_params)
+        note = "the server did not get idle in 180 s" if waited is None else f"waited {waited} s for an idle server"
+        print(f"[capacity] {note}; {round_params.concurrency} sessions", file=sys.stderr, flush=True)
+        out = execute(round_params)
+        out["results"]["idle_wait_s"] = waited
+        return out
+
     if args.find_capacity:
         found = find_capacity(
-            params, execute, limit=args.capacity_max, growth=args.capacity_growth, ttfa_bound_ms=args.ttfa_bound_ms,
+            params, settled, limit=args.capacity_max, growth=args.capacity_growth, ttfa_bound_ms=args.ttfa_bound_ms,
             underrun_ms_max=args.max_underrun_ms, progress=lambda line: print(line, file=sys.stderr, flush=True),
         )  # fmt: skip
         report["capacity"] = found
