@@ -7,9 +7,9 @@ import time
 import numpy as np
 import pytest
 
-from voxgate.serving import stream as stream_module
-from voxgate.serving.stream import BATCH_BUDGET_S, EngineStream
-from voxgate.serving.workers import HOLD_SLACK_S, EnginePool
+from voxgate.speech import stream as stream_module
+from voxgate.speech.stream import BATCH_BUDGET_S, EngineStream
+from voxgate.speech.workers import HOLD_SLACK_S, EnginePool
 from voxgate.types import AudioChunk, EngineFailure, SynthesisRequest
 
 REQUEST = SynthesisRequest(text="x", voice="v")

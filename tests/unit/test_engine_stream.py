@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from voxgate.serving.stream import EngineStream
-from voxgate.serving.workers import EnginePool
+from voxgate.speech.stream import EngineStream
+from voxgate.speech.workers import EnginePool
 from voxgate.types import AudioChunk, EngineFailure, SynthesisRequest
 
 REQUEST = SynthesisRequest(text="x", voice="v")

@@ -31,7 +31,6 @@ ALLOWED = {  # what each part may import besides itself
 AGENT_ON_SERVING = {
     ("voxgate.agent.driver", "voxgate.serving.llm"),
     ("voxgate.agent.driver", "voxgate.serving.state"),
-    ("voxgate.agent.driver", "voxgate.serving.stream"),
     ("voxgate.agent.service", "voxgate.serving.state"),
 }
 

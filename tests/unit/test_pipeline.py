@@ -15,8 +15,8 @@ from voxgate.bridge.pipeline import ReplyPipeline, heard_text
 from voxgate.bridge.segmenter import Segment
 from voxgate.config import Settings
 from voxgate.engines.registry import create_engine
-from voxgate.serving.stream import EngineStream
-from voxgate.serving.workers import EnginePool
+from voxgate.speech.stream import EngineStream
+from voxgate.speech.workers import EnginePool
 from voxgate.types import AudioChunk, SynthesisRequest
 
 REPLY = "Sure, here it is. The first sentence is short. Then a second one follows it. And the last one ends."

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from voxgate.engines.base import collect, stream_pieces
 from voxgate.engines.piper import split_runs
 from voxgate.engines.tone import ToneEngine
-from voxgate.serving.stream import EngineStream
-from voxgate.serving.workers import EnginePool
+from voxgate.speech.stream import EngineStream
+from voxgate.speech.workers import EnginePool
 from voxgate.text import Piece, count_units, split_pieces
 from voxgate.types import AudioChunk, CancelToken, SynthesisRequest
 

@@ -35,7 +35,7 @@ from voxgate.bridge.pipeline import ChunkStream, ReplyPipeline
 from voxgate.bridge.segmenter import Segment, Segmenter
 from voxgate.serving.llm import llm_config
 from voxgate.serving.state import ServerState
-from voxgate.serving.stream import EngineStream
+from voxgate.speech.stream import EngineStream
 from voxgate.types import SynthesisRequest, VoxgateError
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ Policy = Literal["block", "latest"]
 
 
 class ChunkStream(Protocol):
-    """What the pipeline needs of an engine stream (`serving.stream.EngineStream` is one)."""
+    """What the pipeline needs of an engine stream (`speech.stream.EngineStream` is one)."""
 
     async def next(self) -> AudioChunk | None: ...
 

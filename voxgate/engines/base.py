@@ -13,7 +13,7 @@ whatever a client sends.
 The contract is explicit (engines subclass `Engine`, which gives the defaults): besides
 the methods, `parallel_calls` says how many stream calls can usefully compute at once in the
 calling thread (the server then runs engine calls on that many threads, most urgent first:
-`voxgate.serving.workers`), or None for an engine that queues its own work (one thread per
+`voxgate.speech.workers`), or None for an engine that queues its own work (one thread per
 stream, mostly waiting); `counters()` gives numbers for /metrics (none by default);
 `capacity(utilization)` says how many streams the engine can keep ahead of real time at once
 from what it has measured (the batched qwen3 runner: its step cost against rows), or None when

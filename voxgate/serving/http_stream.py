@@ -16,8 +16,9 @@ from fastapi.responses import Response
 from voxgate.audio import StreamEncoder, split_bytes
 from voxgate.serving.protocol import error_of
 from voxgate.serving.state import ServerState, StreamPlan
-from voxgate.serving.stream import AudioStreamResponse, DisconnectWatch, EngineStream, StreamOutcome
+from voxgate.serving.stream import AudioStreamResponse, DisconnectWatch, StreamOutcome
 from voxgate.speech.starter import StarterHit
+from voxgate.speech.stream import EngineStream
 from voxgate.text import count_units
 from voxgate.types import AudioChunk, Timing, VoxgateError
 

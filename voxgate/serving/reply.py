@@ -32,7 +32,7 @@ from voxgate.bridge.segmenter import Segment, Segmenter
 from voxgate.serving.fair import Lease
 from voxgate.serving.llm import llm_config
 from voxgate.serving.state import ServerState
-from voxgate.serving.stream import EngineStream
+from voxgate.speech.stream import EngineStream
 from voxgate.types import SynthesisRequest, VoxgateError
 
 

@@ -21,9 +21,9 @@ from voxgate.serving.auth import Authenticator
 from voxgate.serving.fair import FairLimiter
 from voxgate.serving.metrics import FIRST_AUDIO_STAGES, Metrics
 from voxgate.serving.voices import VoiceOwners
-from voxgate.serving.workers import EnginePool
 from voxgate.speech.limits import SessionCounter, StreamLimiter
 from voxgate.speech.starter import StarterCache, opener_stream
+from voxgate.speech.workers import EnginePool
 from voxgate.text import check_text, normalize_language
 from voxgate.types import (
     NotReady,

@@ -29,9 +29,9 @@ from voxgate.serving.auth import Client
 from voxgate.serving.limits import MessageRate, Turn
 from voxgate.serving.session import Entry, Segment, Session
 from voxgate.serving.state import ServerState
-from voxgate.serving.stream import EngineStream
 from voxgate.serving.ws_live import CONTROL_BYTES, Live, abort, close_quietly, send_now, send_then_close
 from voxgate.serving.wsproto import Bare, Ping, ProtocolError, SessionStart, TextDelta, error, omni_frames, parse_client
+from voxgate.speech.stream import EngineStream
 from voxgate.types import Busy, VoxgateError
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,170 @@
+"""Driving a synchronous engine stream from asyncio: `EngineStream`, the one way every
+transport (HTTP, the WebSocket gateway, the bridge, the agent) runs an engine.
+
+It keeps at most one chunk in flight on a worker thread: generation of chunk n+1 overlaps the
+sending of chunk n, and a cancel wastes at most the chunk in flight. On the `EnginePool`
+each call carries its deadline: the first chunk is due at once, a later one when the audio
+produced so far would run out if playback started with the first chunk. A pool with
+`batch_s` (set for engines that compute in the calling thread) lets one call make several
+later chunks, joined into one, while that is quick and no more urgent call waits: fewer hops
+and messages per second of audio; the first chunk always comes alone. Text longer than
+`max_piece_chars` reaches the engine piece by piece (`stream_pieces`), still as one stream:
+one first chunk, one cancel, one timing, so no transport can hand an engine an unbounded text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from voxgate.engines.base import Engine, stream_pieces
+from voxgate.speech.workers import EnginePool
+from voxgate.types import AudioChunk, CancelToken, EngineFailure, SynthesisRequest, VoxgateError
+
+log = logging.getLogger(__name__)
+
+
+BATCH_BUDGET_S = 0.005  # a call joining chunks stops making more after this long
+
+
+def join_chunks(parts: list[AudioChunk]) -> AudioChunk:
+    """Consecutive chunks of one stream as one chunk."""
+    if len(parts) == 1:
+        return parts[0]
+    starts = [p.unit_start for p in parts if p.unit_start is not None]
+    ends = [p.unit_end for p in parts if p.unit_end is not None]
+    return AudioChunk(
+        np.concatenate([p.samples for p in parts]),
+        parts[0].sample_rate,
+        parts[0].seq,
+        starts[0] if starts else None,
+        ends[-1] if ends else None,
+        parts[-1].t_ready,
+    )
+
+
+class EngineStream:
+    """An engine's chunk iterator run on `pool`, one call ahead of the consumer.
+
+    Work starts at construction, or with `start=False` at the first `start()`/`next()`, so
+    a caller can put cached audio on the wire before the engine competes for the CPU.
+    No engine call gets more than `max_piece_chars` characters of the request's text.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        request: SynthesisRequest,
+        pool: EnginePool,
+        on_closed: Callable[[], None] | None = None,
+        start: bool = True,
+        max_piece_chars: int | None = None,
+    ) -> None:
+        self.token = CancelToken()
+        self.generated = 0
+        self.priority = request.priority  # higher first on an EnginePool (the agent's live turn is high)
+        self._t_first: float | None = None  # when the first chunk was ready
+        self._audio_s = 0.0  # seconds of audio produced so far
+        self._on_closed = on_closed
+        self._closing = False
+        self._pool = pool
+        self._loop = asyncio.get_running_loop()
+        piece = max_piece_chars or pool.max_piece_chars  # the server's setting, carried by its pool
+        self._iterator = stream_pieces(engine, request, self.token, piece)
+        self._finished = False
+        self._deferred: Exception | None = None  # an engine failure after audio made in the same call
+        self.exhausted = False  # the engine ran to its end (as opposed to being cancelled)
+        self._pending: asyncio.Future[AudioChunk | None] | None = None
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        if self._pending is None and not self._closing:
+            self._pending = self._submit(self._next_in_worker)
+
+    def _submit(self, fn: Callable[[], object]) -> asyncio.Future:  # type: ignore[type-arg]
+        """Run `fn` on the pool at this stream's priority and deadline (a close is due now)."""
+        now = time.perf_counter()
+        opens = self._t_first is None and not self._closing
+        deadline = now if self._t_first is None or self._closing else self._t_first + self._audio_s
+        return asyncio.wrap_future(self._pool.submit_at(deadline, self.priority, fn, opens_stream=opens))
+
+    def _next_in_worker(self) -> AudioChunk | None:
+        if self._deferred is not None:
+            error, self._deferred = self._deferred, None
+            raise error
+        chunk = self._produce()
+        batch_s = self._pool.batch_s
+        if chunk is None or self.generated == 1 or batch_s <= 0:
+            return chunk
+        parts, audio, started = [chunk], len(chunk.samples) / chunk.sample_rate, time.perf_counter()
+        while audio < batch_s and time.perf_counter() - started < BATCH_BUDGET_S and not self.token.cancelled:
+            if self._pool.more_urgent_waiting(self.priority, self._t_first + self._audio_s):
+                break
+            try:
+                more = self._produce()
+            except Exception as exc:  # the audio made so far goes out first; the failure next time
+                self._deferred = exc
+                break
+            if more is None:
+                break
+            parts.append(more)
+            audio += len(more.samples) / more.sample_rate
+        return join_chunks(parts)
+
+    def _produce(self) -> AudioChunk | None:
+        chunk = next(self._iterator, None)
+        if chunk is not None:
+            self.generated += 1
+            self._audio_s += len(chunk.samples) / chunk.sample_rate
+            if self._t_first is None:
+                self._t_first = time.perf_counter()
+        return chunk
+
+    async def next(self) -> AudioChunk | None:
+        """The next chunk, or None at the end. Engine exceptions surface as EngineFailure."""
+        self.start()
+        if self._finished or self._pending is None:
+            return None
+        try:
+            chunk = await asyncio.shield(self._pending)
+        except VoxgateError:  # a typed refusal from the engine (bad voice, language, ...) reaches the client as is
+            self._finished = True
+            raise
+        except Exception as exc:  # an engine bug must not take the server down
+            self._finished = True
+            log.exception("engine stream failed")
+            raise EngineFailure(f"{type(exc).__name__}: {exc}") from exc
+        if chunk is None or self.token.cancelled:
+            self._finished = True
+            self.exhausted = chunk is None
+            return None
+        self._pending = self._submit(self._next_in_worker)
+        return chunk
+
+    def cancel(self, reason: str) -> None:
+        """Stop the engine between chunks and close its iterator once no call is running."""
+        self.token.cancel(reason)
+        if self._pending is not None and not self._pending.done():
+            self._pending.add_done_callback(lambda _: self._close())
+        else:
+            self._close()
+
+    def _close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        if self._pending is not None and not self._pending.cancelled():
+            self._pending.exception()  # retrieved here, so asyncio does not warn about it
+        self._submit(self._close_in_worker)  # due now: it frees the engine's resources
+
+    def _close_in_worker(self) -> None:
+        try:
+            self._iterator.close()  # type: ignore[attr-defined]  # runs the engine's cleanup
+        finally:
+            if self._on_closed is not None:
+                self._on_closed()
