@@ -81,6 +81,8 @@ def test_a_session_reserves_a_voice_and_a_newcomer_past_the_capacity_hears_busy(
                 assert await asyncio.to_thread(wait_for, lambda: metric(server, "voxgate_ws_sessions") == 0)
                 retried = await second.start()  # the socket stayed open; a voice is free now
                 assert retried["type"] == "session.started", retried
+                await second.send(type="session.end")  # ended, not dropped: nothing waits for a resume
+                await second.until("session.done")
 
     asyncio.run(run())
     assert wait_for(lambda: metric(server, "voxgate_active_streams") == 0)
@@ -91,6 +93,9 @@ def test_a_dropped_session_frees_its_voice_and_its_resume_takes_one_back(server)
     (the load after an overload must not wait out the resume window), and the listener who
     comes back resumes even when that puts the voices past the capacity."""
     ws_url = server.url.replace("http", "ws") + "/v1/tts/ws"
+
+    # No session of an earlier test may be left (a dropped one would wait out its resume window).
+    assert wait_for(lambda: metric(server, "voxgate_ws_sessions") == 0, timeout=60)
 
     async def run() -> None:
         async with websockets.connect(ws_url) as b_ws, websockets.connect(ws_url) as c_ws:
