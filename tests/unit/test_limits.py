@@ -106,6 +106,16 @@ def test_the_engine_capacity_bounds_admission_and_may_change_while_serving():
     _run(run())
 
 
+def test_voices_stay_within_the_slots_shown_when_the_engine_could_do_more():
+    limiter = StreamLimiter(max_streams=2, max_per_client=8, capacity=lambda: 9)
+    assert limiter.limit == 2  # what voxgate_stream_slots shows
+    limiter.open_session()
+    limiter.open_session()
+    with pytest.raises(Busy, match="limit of 2"):
+        limiter.open_session()
+    assert limiter.voices == 2
+
+
 def test_with_no_capacity_known_a_session_is_refused_only_when_the_slots_are_full_and_others_wait():
     async def run() -> None:
         limiter = StreamLimiter(max_streams=1, max_per_client=4, capacity=lambda: None)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from voxgate.bench.load import (
     DEFAULT_TEXT,
     LoadParams,
+    _command,
     add_arguments,
     params_from_args,
     plan_faults,
@@ -315,3 +316,12 @@ def test_the_listener_counts_only_silence_the_server_caused():
     report = summarize([ledger, slow], sending_s=3.0)["underruns"]
     assert report["count"] == 2 and report["sessions_with"] == 2 and report["total_ms"] == pytest.approx(300.0)
     assert [s["count"] for s in report["per_session"]] == [1, 1]
+
+
+def test_the_reported_command_line_hides_both_keys(monkeypatch):
+    argv = ["voxgate", "load", "--api-key", "sk-client-1", "--admin-key", "sk-admin-2", "--concurrency", "4"]
+    monkeypatch.setattr("sys.argv", argv)
+    params = LoadParams(url="ws://x", api_key="sk-client-1", admin_key="sk-admin-2")
+    command = _command(params)
+    assert "sk-client-1" not in command and "sk-admin-2" not in command
+    assert command == "voxgate load --api-key *** --admin-key *** --concurrency 4"

@@ -291,7 +291,7 @@ def execute(params: LoadParams) -> dict[str, Any]:
         "machine": before,
         "load_avg_1m_after": machine()["load_avg_1m"],
         "client_event_loop": loop_name(),  # the server reports its own at start-up
-        "parameters": {k: v for k, v in asdict(params).items() if k not in ("api_key", "admin_key")},
+        "parameters": _parameters(params),
         "text": {
             "units": text.available,
             "units_needed": text.needed,
@@ -311,7 +311,7 @@ def wait_idle(params: LoadParams, timeout_s: float = 180.0, poll_s: float = 1.0)
     not say or was still busy after `timeout_s` (the round then starts anyway)."""
     import httpx
 
-    base = re.sub(r"^ws", "http", params.url.split("/v1/")[0])
+    base = _http_base(params)
     start = time.monotonic()
     while True:
         try:
@@ -333,7 +333,7 @@ def server_first_audio(params: LoadParams, since: float) -> dict[str, Any]:
     timings smaller than the run: raise VOXGATE_TIMINGS_KEPT)."""
     import httpx
 
-    base = re.sub(r"^ws", "http", params.url.split("/v1/")[0])
+    base = _http_base(params)
     key = params.admin_key or params.api_key
     try:
         reply = httpx.get(f"{base}/debug/timings", params={"last": 100_000},
@@ -359,14 +359,31 @@ def server_first_audio(params: LoadParams, since: float) -> dict[str, Any]:
     return {"utterance_first": summary([t for t in ours if t["opens_utterance"]]), "all": summary(ours), "note": note}
 
 
+def _command(params: LoadParams) -> str:
+    """This command line for the report, keys redacted."""
+    command = shlex.join(["voxgate", *sys.argv[1:]])
+    for key in (params.api_key, params.admin_key):
+        if key:
+            command = command.replace(key, "***")
+    return command
+
+
+def _parameters(params: LoadParams) -> dict[str, Any]:
+    """The run's parameters for the report, without the keys."""
+    return {k: v for k, v in asdict(params).items() if k not in ("api_key", "admin_key")}
+
+
+def _http_base(params: LoadParams) -> str:
+    """The server's HTTP root, from the gateway URL."""
+    return re.sub(r"^ws", "http", params.url.split("/v1/")[0])
+
+
 def run_load(args: argparse.Namespace) -> int:
     """`voxgate load`: run, print the table, write the JSON; exit 1 if any unit was lost or mangled."""
     params = params_from_args(args)
     if args.find_capacity or args.scenario == "overload":
         return run_capacity(args, params)
-    report = {"command": shlex.join(["voxgate", *sys.argv[1:]]), **execute(params)}
-    if params.api_key:
-        report["command"] = report["command"].replace(params.api_key, "***")
+    report = {"command": _command(params), **execute(params)}
     stamp = datetime.fromisoformat(report["date"])
     results = report["results"]
     table = markdown_table(results)
@@ -382,12 +399,13 @@ def run_capacity(args: argparse.Namespace, params: LoadParams) -> int:
     from voxgate.bench.capacity import capacity_table, find_capacity, overload
 
     started = datetime.now(UTC)
-    command = shlex.join(["voxgate", *sys.argv[1:]])
-    if params.api_key:
-        command = command.replace(params.api_key, "***")
-    report: dict[str, Any] = {"command": command, "bench": "load", "date": started.isoformat(timespec="seconds"),
-                              "machine": machine(), "parameters": {k: v for k, v in asdict(params).items()
-                                                                  if k not in ("api_key", "admin_key")}}  # fmt: skip
+    report: dict[str, Any] = {
+        "command": _command(params),
+        "bench": "load",
+        "date": started.isoformat(timespec="seconds"),
+        "machine": machine(),
+        "parameters": _parameters(params),
+    }
 
     def settled(round_params: LoadParams) -> dict[str, Any]:
         """A round once the server has nothing left of the round before."""

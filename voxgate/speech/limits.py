@@ -95,9 +95,13 @@ class StreamLimiter:
         return self._sessions
 
     def _check_voices(self) -> None:
+        """With the capacity known, the voices stay within `limit` (what the gauge shows)."""
         known = self._known()
-        if known is not None and self.voices >= known:
+        if known is None or self.voices < min(known, self.max_streams):
+            return
+        if known < self.max_streams:
             raise Busy(f"the engine can voice {known} streams in real time and all are taken; retry shortly")
+        self._busy()
 
     def _busy(self) -> None:
         raise Busy(f"the server is at its limit of {self.max_streams} concurrent streams; retry shortly")
