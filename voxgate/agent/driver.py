@@ -28,13 +28,12 @@ import numpy as np
 from voxgate.agent import controller as fsm
 from voxgate.agent import vad as vad_events
 from voxgate.agent.capture import ReplyCapture
+from voxgate.agent.host import AgentHost
 from voxgate.agent.stt import Transcriber
 from voxgate.agent.vad import VAD_RATE, StreamingVad
 from voxgate.bridge.llm import Conversation, LLMClient
 from voxgate.bridge.pipeline import ChunkStream, ReplyPipeline
 from voxgate.bridge.segmenter import Segment, Segmenter
-from voxgate.serving.llm import llm_config
-from voxgate.serving.state import ServerState
 from voxgate.speech.stream import EngineStream
 from voxgate.types import SynthesisRequest, VoxgateError
 
@@ -75,7 +74,7 @@ class AgentConfig:
 class CallDriver:
     def __init__(
         self,
-        state: ServerState,
+        state: AgentHost,
         call_id: str,
         outbound: Outbound,
         events: EventSink,
@@ -187,7 +186,7 @@ class CallDriver:
     def _start_reply(self, action: fsm.StartReply) -> None:
         trace = action.trace_id
         try:
-            config = llm_config(self.state, max_tokens=self.config.max_tokens, temperature=self.config.temperature)
+            config = self.state.llm_config(max_tokens=self.config.max_tokens, temperature=self.config.temperature)
         except VoxgateError as exc:
             self._handle(fsm.LlmFailed(trace, exc.message, at=time.perf_counter()))
             return

@@ -13,10 +13,10 @@ import threading
 
 from voxgate.agent.controller import ControllerConfig
 from voxgate.agent.driver import AgentConfig, CallDriver
+from voxgate.agent.host import AgentHost
 from voxgate.agent.stt import HttpSttConfig, HttpTranscriber, Transcriber, WhisperConfig, WhisperTranscriber
 from voxgate.agent.vad import VAD_RATE, StreamingVad, VadConfig
 from voxgate.agent.webrtc import PeerSession
-from voxgate.serving.state import ServerState
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 class AgentService:
     """`await service(session, call_id)` runs one call until the peer hangs up."""
 
-    def __init__(self, state: ServerState) -> None:
+    def __init__(self, state: AgentHost) -> None:
         self.state = state
         self._transcriber: Transcriber | None = None
         self._lock = threading.Lock()

@@ -49,6 +49,13 @@ class LLMTimeout(LLMError):
     code = "llm_timeout"
 
 
+class LLMNotConfigured(VoxgateError):
+    """No LLM to call: none configured, or the embedded one failed to start (503)."""
+
+    status = 503
+    code = "llm_unavailable"
+
+
 @dataclass(frozen=True)
 class LLMConfig:
     base_url: str  # e.g. http://127.0.0.1:8000/v1

@@ -5,7 +5,7 @@ Every LLM call the server makes (this route, the bridge's replies, the voice age
 slot from `state.llm_limiter` first (see `serving/fair.py`): a client gets at most
 `llm_max_per_client` requests running, clients take turns for the `llm_max_concurrent` slots,
 and a request that cannot wait (`llm_max_waiting`, `llm_queue_timeout_s`) is refused with
-503 `busy`. `llm_config` is how those calls reach the LLM (the embedded one demands its
+503 `busy`. `ServerState.llm_config` is how those calls reach the LLM (the embedded one demands its
 per-process key). Errors say what failed (`llm_unavailable`, `llm_timeout`,
 `llm_bad_response`), never where: the LLM's address goes to the server log only.
 `GET /debug/llm` (admin) shows the limiter: requests running and waiting, and its limits.
@@ -28,27 +28,10 @@ from voxgate.bridge.llm import LLMConfig, LLMTimeout, LLMUnavailable, tls_contex
 from voxgate.serving.fair import Lease
 from voxgate.serving.openapi import ADMIN_ERRORS, errors, sse
 from voxgate.serving.state import ServerState
-from voxgate.types import VoxgateError
 
 log = logging.getLogger(__name__)
 router = APIRouter()
 _PASSED_THROUGH = (200, 400, 422)  # a reply, or the LLM's word on what is wrong with the request
-
-
-class LLMNotConfigured(VoxgateError):
-    status = 503
-    code = "llm_unavailable"
-
-
-def llm_config(state: ServerState, **options: Any) -> LLMConfig:
-    """How voxgate's own calls reach the LLM: its URL and, for the embedded one, its key."""
-    base = state.llm_url()
-    if base is None:
-        if state.llm_error:
-            raise LLMNotConfigured("the embedded LLM failed to start; the server log says why")
-        raise LLMNotConfigured("no LLM is configured (VOXGATE_LLM_EMBEDDED=false and no VOXGATE_LLM_URL)")
-    key = state.llm.api_key if state.llm is not None and not state.settings.llm_url else None
-    return LLMConfig(base, api_key=key, **options)
 
 
 async def llm_slot(state: ServerState, request: Request) -> Lease | None:
@@ -114,7 +97,7 @@ LLM_ERRORS = {
 )  # fmt: skip
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.voxgate
-    config = llm_config(state)
+    config = state.llm_config()
     body = await request.body()
     lease = await llm_slot(state, request)
     if lease is None:

@@ -30,7 +30,6 @@ from voxgate.bridge.llm import LLMClient
 from voxgate.bridge.pipeline import ChunkStream, ReplyPipeline, heard_text
 from voxgate.bridge.segmenter import Segment, Segmenter
 from voxgate.serving.fair import Lease
-from voxgate.serving.llm import llm_config
 from voxgate.serving.state import ServerState
 from voxgate.speech.stream import EngineStream
 from voxgate.types import SynthesisRequest, VoxgateError
@@ -92,7 +91,7 @@ class Reply:
     def __init__(
         self, state: ServerState, options: ReplyOptions, messages: list[dict[str, str]], t_in: float, client: str
     ) -> None:
-        config = llm_config(state, max_tokens=options.max_tokens, temperature=options.temperature)
+        config = state.llm_config(max_tokens=options.max_tokens, temperature=options.temperature)
         self.state, self.options, self.messages, self.t_in, self.client = state, options, messages, t_in, client
         self.plan = state.voice_plan(options.voice, "pcm", None, options.language, client=client)
         self.engine = state.require_engine()

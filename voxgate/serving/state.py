@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from voxgate.audio import AudioFormat, check_output
+from voxgate.bridge.llm import LLMConfig, LLMNotConfigured
 from voxgate.bridge.pipeline import ChunkStream
 from voxgate.config import Settings
 from voxgate.engines.base import Engine, check_request, collect
@@ -161,6 +162,16 @@ class ServerState:
         if self.settings.llm_url:
             return self.settings.llm_url
         return self.llm.url if self.llm is not None else None
+
+    def llm_config(self, **options: Any) -> LLMConfig:
+        """How voxgate's own calls reach the LLM: its URL and, for the embedded one, its key."""
+        base = self.llm_url()
+        if base is None:
+            if self.llm_error:
+                raise LLMNotConfigured("the embedded LLM failed to start; the server log says why")
+            raise LLMNotConfigured("no LLM is configured (VOXGATE_LLM_EMBEDDED=false and no VOXGATE_LLM_URL)")
+        key = self.llm.api_key if self.llm is not None and not self.settings.llm_url else None
+        return LLMConfig(base, api_key=key, **options)
 
     def _fill_starters(self, engine: Engine) -> None:
         voice = self.default_voice()
