@@ -141,6 +141,12 @@ def cmd_bench_bridge(args: argparse.Namespace) -> int:
     return run_bridge_bench(args)
 
 
+def cmd_bench_segmenter(args: argparse.Namespace) -> int:
+    from voxgate.bench.segmenter import run_segmenter_bench
+
+    return run_segmenter_bench(args)
+
+
 def cmd_bench_agent(args: argparse.Namespace) -> int:
     from voxgate.bench.agent import run_agent_bench
 
@@ -275,6 +281,14 @@ def build_parser() -> argparse.ArgumentParser:
     vad_stt = bench.add_parser("vad-stt", help="Silero VAD ms per window and whisper tiny.en RTF on this machine")
     add_vad_stt_arguments(vad_stt)
     vad_stt.set_defaults(func=cmd_bench_vad_stt)
+
+    from voxgate.bench.segmenter import add_arguments as add_segmenter_arguments
+
+    segmenter = bench.add_parser(
+        "segmenter", help="segmenter quality on the written and generated corpora, us per piece"
+    )
+    add_segmenter_arguments(segmenter)
+    segmenter.set_defaults(func=cmd_bench_segmenter)
 
     from voxgate.bench.load import add_arguments as add_load_arguments
 

@@ -29,7 +29,7 @@ import httpx
 
 from voxgate.bench.server import ServerProcess, add_set_argument, settings_env
 from voxgate.bench.stats import machine, summary, write_report
-from voxgate.bridge.corpus import check_corpus, make_replies
+from voxgate.bridge.corpus import check_corpus, load_replies
 
 SYSTEM = "You are a helpful voice assistant. Begin every reply with 'Sure.' and keep replies short."
 PROMPTS = [
@@ -191,8 +191,8 @@ def _table(s: dict[str, Any], corpus: dict[str, Any]) -> str:
 def run_bridge_bench(args: argparse.Namespace) -> int:
     before = machine()
     t0 = time.perf_counter()
-    print("segmenter corpus (100 en + 100 zh replies) ...", flush=True)
-    corpus = check_corpus(make_replies(n_en=100, n_zh=100, seed=11))
+    print("segmenter corpus (the written replies) ...", flush=True)
+    corpus = check_corpus(load_replies())
     if args.url:
         raw = run_series(args.url.rstrip("/"), args.n, args.cancels, args.max_tokens, args.warmup)
     else:

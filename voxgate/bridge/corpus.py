@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import string
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
 
+from voxgate.bridge.cuts import CJK_RIGHT, CLAUSE, IDEOGRAPH, SENTENCE, Gap, scan, speakable, width
 from voxgate.bridge.segmenter import Segment, Segmenter, SegmenterConfig
+
+REPLIES_FILE = Path(__file__).with_name("replies.jsonl")
 
 _NAMES = ["alice", "bob", "chen", "maria", "li.wei", "support"]
 _DOMAINS = ["example.com", "voxgate.dev", "docs.example.org", "mail.cn"]
@@ -108,11 +114,12 @@ _ZH_LIST = "步骤如下：\n{li}装依赖\n{li}行{code}\n{li}看{link}\n"
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """One generated reply and the (start, end) spans no cut may fall strictly inside."""
+    """One reply and the (start, end) spans no cut may fall strictly inside."""
 
     text: str
     spans: tuple[tuple[int, int], ...]
     language: str
+    id: str = ""
 
 
 def _is_han(ch: str) -> bool:
@@ -189,40 +196,125 @@ def segment_stream(deltas: Iterable[str], config: SegmenterConfig | None = None)
     return out + segmenter.flush()
 
 
-def check_corpus(replies: list[Reply] | None = None, seed: int = 1, config: SegmenterConfig | None = None) -> dict:
-    """Stream every reply in random token-sized deltas and count the failures (all should be 0)."""
+def load_replies(path: Path = REPLIES_FILE) -> list[Reply]:
+    """The written corpus (`replies.jsonl`: 341 replies in en, zh, ja, ko and mixed, written
+    apart from the segmenter and its generated corpus): ⟦ ⟧ mark the protected spans."""
+    replies = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        text, spans, open_at = "", [], -1
+        for part in re.split("([⟦⟧])", record["text"]):
+            if part == "⟦":
+                open_at = len(text)
+            elif part == "⟧":
+                spans.append((open_at, len(text)))
+            else:
+                text += part
+        replies.append(Reply(text, tuple(spans), record["lang"], record["id"]))
+    return replies
+
+
+STARTER_LAG = CJK_RIGHT  # characters a decision may read past its boundary (the CJK window)
+
+
+def _over_bounds(text: str, starter: Segment, config: SegmenterConfig) -> bool:
+    """A starter past its bound (`starter_max_words` x `starter_max_cjk`) although a boundary
+    within the bound would have made a starter (not a fragment). With none, the first
+    boundary is the starter: "気象庁によると、" has no word boundary before its comma."""
+    full, cost = config.starter_max_words * config.starter_max_cjk, Segmenter(config).starter_cost
+    if cost(starter.text) <= full:
+        return False
+    boundaries, _, _ = scan(text, 0, 0, True, config.max_span_chars, False)
+    return any(
+        len(head := text[: c.pos].strip()) >= config.min_chars and speakable(head) and cost(head) <= full
+        for c in boundaries
+        if c.pos < len(starter.raw)
+    )
+
+
+def _starter_late(text: str, starter: Segment, config: SegmenterConfig, openers: list[str]) -> bool:
+    """Whether the starter came out later than the text that decides it: streamed a character
+    at a time, it must be out before `STARTER_LAG` characters past the boundary that decides
+    it (the first after it that is a clause mark or past the bound: no longer starter fits)
+    have arrived."""
+    end, full = len(starter.raw), config.starter_max_words * config.starter_max_cjk
+    cost = Segmenter(config).starter_cost
+    boundaries, _, _ = scan(text, 0, 0, True, config.max_span_chars, False)
+    deciders = (c.pos for c in boundaries if c.pos > end and (c.gap >= Gap.CLAUSE or cost(text[: c.pos]) > full))
+    decider = next(deciders, len(text))
+    segmenter = Segmenter(config, openers)
+    for seen, ch in enumerate(text, 1):
+        if segmenter.push(ch):
+            return seen > decider + STARTER_LAG
+    return False
+
+
+def check_corpus(
+    replies: list[Reply] | None = None,
+    seed: int = 1,
+    config: SegmenterConfig | None = None,
+    openers: Iterable[str] = (),
+) -> dict:
+    """Stream every reply in random 1-4 character deltas and count the failures (all should be
+    0): cuts inside protected spans; fragments a listener hears (a mid-reply segment with
+    nothing to say, a length cut narrower than 2/3 of `main_min_width`, one or two CJK
+    characters cut off before a punctuation mark, a segment under `min_chars`); starters over
+    their bounds or late (more than `STARTER_LAG` characters after their end); text lost or
+    duplicated; segments that depend on how the text was split. `failures` shows a few."""
     replies = make_replies() if replies is None else replies
     rng = random.Random(seed)
     config = config or SegmenterConfig()
+    openers = list(openers)
     counts: Counter[str] = Counter()
     triggers: Counter[str] = Counter()
+    failures: list[dict] = []
     for reply in replies:
-        top = 2 if reply.language == "zh" else 6
-        segments = segment_stream(split_reply(reply.text, [rng.randint(1, top) for _ in range(64)]), config)
+        deltas = split_reply(reply.text, [rng.randint(1, 4) for _ in range(64)])
+        segmenter = Segmenter(config, openers)
+        segments = [s for d in deltas for s in segmenter.push(d)] + segmenter.flush()
         counts["segments"] += len(segments)
         triggers.update(s.trigger for s in segments)
-        counts["lost_or_duplicated"] += "".join(s.raw for s in segments) != reply.text
-        counts["split_dependent"] += segments != segment_stream([reply.text], config)
+        bad: Counter[str] = Counter()
+        bad["lost_or_duplicated"] += "".join(s.raw for s in segments) != reply.text
+        whole = Segmenter(config, openers)
+        bad["split_dependent"] += segments != whole.push(reply.text) + whole.flush()
         cuts, pos = [], 0
         for s in segments[:-1]:
             pos += len(s.raw)
             cuts.append(pos)
-        counts["protected_splits"] += sum(a < c < b for c in cuts for a, b in reply.spans)
-        counts["short_segments"] += sum(len(s.text) < config.min_chars for s in segments if s.kind != "final")
-        counts["starter_missing"] += len(segments) > 1 and segments[0].kind != "starter"
+        bad["protected_splits"] += sum(a < c < b for c in cuts for a, b in reply.spans)
+        middle = segments[:-1]
+        bad["unspeakable_segments"] += sum(not s.speakable for s in middle)
+        bad["short_segments"] += sum(len(s.text) < config.min_chars for s in middle)
+        bad["narrow_length_cuts"] += sum(
+            s.trigger == "length" and width(s.text) < config.main_min_width * 2 // 3 for s in middle if s.index > 0
+        )
+        bad["cjk_orphans"] += sum(
+            IDEOGRAPH.match(a.raw[-1:]) is not None and _ORPHAN.match(b.raw) is not None for a, b in pairwise(segments)
+        )
+        if segments and segments[0].kind == "starter":
+            bad["starter_over_bounds"] += _over_bounds(reply.text, segments[0], config)
+            bad["starter_late"] += _starter_late(reply.text, segments[0], config, openers)
+        counts.update(bad)
+        if +bad and len(failures) < 200:
+            split = [reply.text[a:b] for c in cuts for a, b in reply.spans if a < c < b]
+            failures.append(
+                {"id": reply.id, "what": sorted(+bad), "split": split, "segments": [s.text for s in segments]}
+            )
+    keys = ("protected_splits", "unspeakable_segments", "short_segments", "narrow_length_cuts", "cjk_orphans",
+            "starter_over_bounds", "starter_late", "lost_or_duplicated", "split_dependent")  # fmt: skip
     return {
         "replies": len(replies),
-        "en": sum(r.language == "en" for r in replies),
-        "zh": sum(r.language == "zh" for r in replies),
+        "languages": dict(sorted(Counter(r.language for r in replies).items())),
         "segments": counts["segments"],
         "protected_spans": sum(len(r.spans) for r in replies),
-        "protected_splits": counts["protected_splits"],
-        "short_segments": counts["short_segments"],
-        "lost_or_duplicated": counts["lost_or_duplicated"],
-        "split_dependent": counts["split_dependent"],
-        "starter_missing": counts["starter_missing"],
+        **{key: counts[key] for key in keys},
         "triggers": dict(sorted(triggers.items())),
+        "failures": failures,
     }
+
+
+_ORPHAN = re.compile(f"[{IDEOGRAPH.pattern[1:-1]}]{{1,2}}[{re.escape(SENTENCE + CLAUSE)}]")
 
 
 if __name__ == "__main__":

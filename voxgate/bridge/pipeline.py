@@ -38,6 +38,7 @@ class ChunkStream(Protocol):
 class PipelineStats:
     segments: int = 0
     dropped: int = 0
+    unspeakable: int = 0  # segments with nothing to say (a reply ending in emoji or markup): no engine call
     queue_peak: int = 0
     first_cut_at: float | None = None  # perf_counter() when the segmenter gave the first segment
     triggers: dict[str, int] = field(default_factory=dict)
@@ -139,6 +140,9 @@ class ReplyPipeline:
             self.stats.first_cut_at = time.perf_counter()
         for segment in segments:
             self.stats.triggers[segment.trigger] = self.stats.triggers.get(segment.trigger, 0) + 1
+            if not segment.speakable:
+                self.stats.unspeakable += 1  # "🎉🎉🎉" at the end: the segmenter joins any other to its neighbour
+                continue
             if self.policy == "latest":
                 stale = [s for s in self._queue if s.kind == "main"]
                 self.stats.dropped += len(stale)

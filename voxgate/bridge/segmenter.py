@@ -10,8 +10,12 @@ and returns the rest, `reset()` drops everything (barge-in). Segments come in th
 - main: cut at a sentence end (. ! ? followed by space, end or a closing quote; 。！？…; a
   line break) as soon as the segment has `min_chars` characters; at a clause mark
   (, ; : dashes 、，；：) once it is `main_min_width` columns wide; a length cut when it would
-  pass `main_max_width` columns (at its last clause mark, else its last word boundary), or
-  once it holds `cjk_flush_units` CJK characters (a Latin word counts one) and no punctuation.
+  pass `main_max_width` columns (at its last clause mark at least 2/3 of `main_min_width`
+  wide, else its last word boundary at least `main_min_width` wide: no length cut leaves a
+  fragment such as "said,"; past an unbreakable span, just after it), or once it holds
+  `cjk_flush_units` CJK characters (a Latin word counts one) and no punctuation, at a phrase
+  boundary (after a particle such as 的/了, before a function word such as 和/在/我); with none,
+  at a word boundary (jieba) once it holds 1.5 times as many.
   The segment right after the starter has `second_max_width` instead: the starter lasts about
   a second, and a full-width second segment (written by the LLM, then synthesised) would leave
   a silence after it; segments then grow to full width.
@@ -20,28 +24,28 @@ and returns the rest, `reset()` drops everything (barge-in). Segments come in th
 Widths are display columns: a CJK character or emoji counts 2, which also tracks speaking
 time (one syllable) better than a count of code points. Defaults: starter 3 words / 6 CJK
 characters, min 3 characters, main 20..60 columns (10..30 CJK characters; the second segment
-at most 40), CJK length cut
-after 12 characters without punctuation (the 8..12 of the original design, at its top so
+at most 40), CJK length cut after 12 characters without punctuation (the 8..12 of the original design, at its top so
 fewer words are cut in half).
 
-Cuts fall only at whitespace after a word, after punctuation, or between two CJK characters,
-and never inside numbers (3.14, 1,000, 12:30), abbreviations (Mr., e.g., U.S.), URLs, e-mail
-addresses, emoji sequences, markdown (`code`, **bold**, [text](url), a list marker and its
-item), or between a Latin term and the Chinese around it. A cut is decided only from text
-that later deltas cannot change (a boundary waits for the character after it), so the
-segments are the same however the text is split into deltas, and the `raw` fields of a
-stream's segments concatenate to its input exactly (a stream of only whitespace yields none).
+Where a cut may fall at all is `cuts.py`'s business (numbers, abbreviations, markup, CJK words
+and more stay whole; read its docstring). A cut is decided only from text that later deltas
+cannot change, so the segments are the same however the text is split into deltas, and the
+`raw` fields of a stream's segments concatenate to its input exactly (a stream of only
+whitespace yields none). A segment with nothing to say (emoji, a table rule, bare markup) is
+never cut off on its own: it joins the text after it; only a reply that ends in one leaves an
+unspeakable final segment (`Segment.speakable` is False: the pipeline skips it).
+
+Each push costs about the same at any reply length: the scan resumes where it stopped, and
+text more than a few hundred characters behind the pending segment is dropped.
 """
 
 from __future__ import annotations
 
-import re
-import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import IntEnum
-from typing import Literal, NamedTuple
+from typing import Literal
 
+from voxgate.bridge.cuts import Cut, Gap, fences, scan, speakable, width
 from voxgate.text import count_units, is_cjk_char, split_units
 
 Kind = Literal["starter", "main", "final"]
@@ -59,7 +63,7 @@ class SegmenterConfig:
     main_max_width: int = 60
     second_max_width: int = 40  # the segment after the starter: speakable before the starter's audio runs out
     cjk_flush_units: int = 12
-    max_span_chars: int = 300  # an unclosed ` ** or [ stops protecting after this many characters
+    max_span_chars: int = 48  # markup or brackets not closed within this many characters are plain text
 
     def __post_init__(self) -> None:
         if min(self.starter_max_words, self.starter_max_cjk, self.min_chars, self.cjk_flush_units) < 1:
@@ -82,182 +86,41 @@ class Segment:
     index: int
     raw: str
 
-
-class _Gap(IntEnum):
-    CHAR = 1  # between two CJK characters
-    WORD = 2  # whitespace between Latin words
-    CLAUSE = 3
-    SENTENCE = 4
-
-
-class _Cut(NamedTuple):
-    pos: int  # offset in the stream's text where the next segment starts
-    gap: _Gap
-
-
-_IDEOGRAPH = re.compile("[\u3005\u3007\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
-_SENTENCE = ".!?…。！？"
-_CLAUSE = ",;:，、；：—"
-_FREE = "…。！？，、；：—"  # CJK-style marks: a boundary even with no space after them
-_CLOSERS = "\"'”’」』）)]》〉"
-_TRAILING = _CLOSERS + "*_`"
-_TITLE = re.compile(r"(?<![A-Za-z0-9.])(?:(?i:mrs?|ms|dr|prof|sr|jr|st|mt|gen|col|capt|rev|hon)|[A-Z])\.$")
-_CLOCK = re.compile(r"[ap]\.m\.|[ap]m\b", re.I)  # "5 p.m.", "9 am": the time stays with its number
-_ABBREV = re.compile(r"(?<![A-Za-z0-9.])(?:(?:[a-z]\.){2,}|(?:etc|vs|approx|cf|al|inc|ltd|corp|fig|dept|est)\.)$", re.I)
-_LIST_MARKER = re.compile(r"\d{1,3}[.)]|[-*+•]|#{1,6}")
-
-
-def _is_ideograph(ch: str) -> bool:
-    return _IDEOGRAPH.match(ch) is not None
-
-
-def _width(text: str) -> int:
-    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
-
-
-def _skip(text: str, i: int, chars: str | None) -> int:
-    """The end of the run at `i` of characters in `chars` (None: whitespace)."""
-    while i < len(text) and (text[i].isspace() if chars is None else text[i] in chars):
-        i += 1
-    return i
-
-
-def _closing(text: str, closer: str, frm: int, limit: int, final: bool) -> int | None:
-    """The end of `closer` searched in text[frm:limit]: -1 if it cannot come, None if it may still."""
-    found = text.find(closer, frm, limit)
-    if found >= 0:
-        return found + len(closer)
-    return -1 if final or limit <= len(text) else None
-
-
-def _span_end(text: str, i: int, final: bool, cap: int) -> int | None:
-    """The end of the markdown span opening at `i`; -1 if none opens there, None if undecided."""
-    n, limit = len(text), i + cap
-    if text[i] == "`":
-        ticks = _skip(text, i, "`") - i
-        if i + ticks == n and not final:
-            return None
-        return _closing(text, "`" * ticks, i + ticks, limit, final)
-    if text[i] == "*":
-        if i + 1 == n:
-            return -1 if final else None
-        return _closing(text, "**", i + 2, limit, final) if text[i + 1] == "*" else -1
-    label = _closing(text, "]", i + 1, limit, final)  # a link: [text](url)
-    if label is None or label < 0:
-        return label
-    if label == n:
-        return -1 if final else None
-    if text[label] != "(":
-        return -1
-    end = _closing(text, ")", label + 1, limit, final)
-    stop = end if end is not None and end > 0 else min(n, limit)
-    if any(ch.isspace() for ch in text[label:stop]):
-        return -1
-    return end
-
-
-def _scan(text: str, start: int, final: bool, cap: int) -> list[_Cut]:
-    """Boundaries after `start` that no later text can change; stops where one could."""
-    n, cuts, i = len(text), [], start
-    while i < n:
-        ch = text[i]
-        if ch in "`*[":
-            end = _span_end(text, i, final, cap)
-            if end is None:
-                break
-            if end > i:
-                i = end
-                continue
-        if ch.isspace():
-            end = _skip(text, i, None)
-            if end == n and not final:
-                break
-            if not final and text[i - 1 : i].isdigit() and _clock_pending(text, end):
-                break  # "5 p" may still become "5 p.m."
-            if end < n and (gap := _classify(text, start, i, end)):
-                cuts.append(_Cut(end, gap))
-            i = end
-        elif ch in _SENTENCE or ch in _CLAUSE:
-            end = _skip(text, _skip(text, i, _SENTENCE + _CLAUSE), _CLOSERS)
-            if end == n and not final:
-                break
-            if end < n and not text[end].isspace() and (gap := _classify(text, start, end, end)):
-                cuts.append(_Cut(end, gap))
-            i = end
-        else:
-            if i + 1 < n and _is_ideograph(ch) and _is_ideograph(text[i + 1]):
-                cuts.append(_Cut(i + 1, _Gap.CHAR))
-            i += 1
-    return cuts
-
-
-def _clock_pending(text: str, end: int) -> bool:
-    """The text after a number's space could still grow into a clock suffix (a.m., pm)."""
-    tail = text[end : end + 5]
-    return not any(ch.isspace() for ch in tail) and any(
-        form.startswith(tail.lower()) for form in ("a.m.", "p.m.", "am", "pm")
-    )
-
-
-def _classify(text: str, start: int, i: int, end: int) -> _Gap | None:
-    """What kind of boundary the gap text[i:end] (whitespace or nothing) is, if any."""
-    spaced, after = i < end, text[end]
-    word_start = i
-    while word_start > 0 and not text[word_start - 1].isspace():
-        word_start -= 1
-    word = text[word_start:i]
-    if not word:
-        return None  # whitespace opening the stream
-    core = word.rstrip(_TRAILING)
-    line = word_start
-    while line > 0 and text[line - 1] in " \t":
-        line -= 1
-    if "\n" in text[i:end]:
-        return _Gap.SENTENCE
-    if (line == 0 or text[line - 1] == "\n") and _LIST_MARKER.fullmatch(word):
-        return None  # "1. " and "- " stay with their item
-    if core and core[-1] in _SENTENCE + _CLAUSE:
-        if not spaced and core[-1] not in _FREE and not _is_ideograph(after):
-            return None  # 3.14, 1,000, 12:30, example.com
-        if core[-1] in _CLAUSE:
-            return _Gap.CLAUSE
-        if core[-1] != "." or core.endswith(".."):
-            return _Gap.SENTENCE
-        if _TITLE.search(core):
-            return None  # "Mr. Smith", "J. Doe" stay together
-        if not _ABBREV.search(core):
-            return _Gap.SENTENCE
-    elif core in ("-", "--", "–"):
-        return _Gap.CLAUSE
-    if not spaced or _is_ideograph(text[i - 1]) or _is_ideograph(after) or after in _SENTENCE + _CLAUSE:
-        return None
-    if core[-1:].isdigit() and _CLOCK.match(text, end):
-        return None
-    if _IDEOGRAPH.search(text, start, i):
-        return None  # Latin terms inside Chinese text stay whole
-    return _Gap.WORD
+    @property
+    def speakable(self) -> bool:
+        """False for a final segment of only emoji or markup: nothing to synthesise."""
+        return speakable(self.text)
 
 
 class Segmenter:
     """Cuts one streamed reply into starter / main / final segments; see the module docstring.
 
     `openers` are phrases whose audio is cached (the starter cache): a reply that begins with
-    one that ends in punctuation ("Sure,", "Okay.") gets it as its starter the moment its last
-    character arrives, with no wait for the next token, so the cached audio can start at once.
+    one gets it as its starter as soon as it is certain: at once for a comma ("Sure,"), at the
+    next character for a sentence end ("Okay." is not the start of "Okay..."), so the cached
+    audio can start with no wait for the LLM's next words.
     """
+
+    KEEP = 256  # characters kept before the pending segment: every look back is shorter
+    TRIM_AT = 4096  # drop what is behind once this much has piled up (amortised)
 
     def __init__(self, config: SegmenterConfig | None = None, openers: Iterable[str] = ()) -> None:
         self.config = config or SegmenterConfig()
         stripped = (phrase.strip() for phrase in openers)
-        usable = {p for p in stripped if len(p) >= self.config.min_chars and p[-1] in _SENTENCE + _CLAUSE}
+        usable = {p for p in stripped if len(p) >= self.config.min_chars and p[-1] in _ENDS}
         self.openers = sorted(usable, key=lambda p: (-len(p), p))  # the longest match first
         self.reset()
 
     def reset(self) -> None:
         """Forget the stream (barge-in, or the start of the next reply)."""
-        self._text = ""  # the whole stream so far: cuts look back at the words before them
+        self._text = ""  # the stream from a little before the pending segment
         self._start = 0  # where the pending (not yet emitted) text begins
         self._index = 0
+        self._cuts: list[Cut] = []  # boundaries of the pending segment found so far
+        self._scanned = 0  # where the scan resumes
+        self._fenced = self._fenced_start = (
+            False  # inside a ``` block: where the scan resumes, where the segment starts
+        )
 
     def push(self, delta: str) -> list[Segment]:
         """Add text; return the segments whose end is now certain."""
@@ -282,44 +145,70 @@ class Segmenter:
         raw = self._text[self._start : pos]
         kind: Kind = "final" if trigger == "flush" else "main" if self._index else "starter"
         segment = Segment(text=raw.strip(), kind=kind, trigger=trigger, index=self._index, raw=raw)
+        self._fenced_start ^= fences(self._text, self._start, pos) % 2 == 1
         self._start, self._index = pos, self._index + 1
+        self._cuts, self._scanned, self._fenced = [], pos, self._fenced_start  # rescan: rules read where it starts
+        if self._start > self.TRIM_AT:
+            drop = self._start - self.KEEP
+            self._text, self._start, self._scanned = self._text[drop:], self._start - drop, self._scanned - drop
         return segment
 
     def _next_cut(self, final: bool) -> tuple[int, Trigger] | None:
         text = self._text
-        if self._index == 0 and (opener := self._opener()) is not None:
+        if self._index == 0 and (opener := self._opener(final)) is not None:
             return opener, "starter"
-        cuts = [c for c in _scan(text, self._start, final, self.config.max_span_chars) if c.pos < len(text)]
-        cut = self._choose_main(cuts) if self._index else self._choose_starter(cuts)
-        if cut and final and len(text[cut[0] :].strip()) < self.config.min_chars:
-            return None  # a short tail joins the final segment instead of standing alone
+        cap = self.config.max_span_chars
+        found, self._scanned, self._fenced = scan(text, self._start, self._scanned, final, cap, self._fenced)
+        self._cuts += found
+        if not (found or final):
+            return None  # no new boundary: the choice would be the same as last time
+        cut = self._choose_main(self._cuts) if self._index else self._choose_starter(self._cuts)
+        if cut and final and (len(text[cut[0] :].strip()) < self.config.min_chars or not speakable(text[cut[0] :])):
+            return None  # a short or unspeakable tail joins the final segment instead of standing alone
         return cut
 
-    def _opener(self) -> int | None:
-        """The end of a cached opener that the reply begins with, if any."""
-        lead = _skip(self._text, self._start, None)
+    def _opener(self, final: bool) -> int | None:
+        """The end of a cached opener that the reply begins with, if certain."""
+        text, lead = self._text, _skip_space(self._text, self._start)
         for phrase in self.openers:
-            if self._text.startswith(phrase, lead):
-                return lead + len(phrase)
+            if text.startswith(phrase, lead):
+                end = lead + len(phrase)
+                if phrase[-1] in _CLAUSE_ENDS:
+                    return end
+                if end == len(text):
+                    return end if final else None
+                return None if text[end] in _ENDS else end  # "Okay." but not "Okay..."
         return None
 
-    def _choose_starter(self, cuts: list[_Cut]) -> tuple[int, Trigger] | None:
-        cfg, last = self.config, None
+    def _segment(self, cut: Cut) -> str:
+        return self._text[self._start : cut.pos].strip()
+
+    def _choose_starter(self, cuts: list[Cut]) -> tuple[int, Trigger] | None:
+        """The last boundary within the bound (a clause mark at once); a boundary between two
+        CJK words inside a phrase only when no other fits."""
+        cfg, last, lexical = self.config, None, None
         full = cfg.starter_max_words * cfg.starter_max_cjk
         step = min(cfg.starter_max_words, cfg.starter_max_cjk)
         for cut in cuts:
-            seg = self._text[self._start : cut.pos]
-            if len(seg.strip()) < cfg.min_chars:
+            seg = self._segment(cut)
+            if len(seg) < cfg.min_chars or not speakable(seg):
                 continue
-            cost = self._starter_cost(seg)
+            cost = self.starter_cost(seg)
             if cost > full:
-                return (cut.pos if last is None else last), "starter"
-            if cut.gap >= _Gap.CLAUSE or cost + step > full:
+                fallback = last if last is not None else lexical
+                return (cut.pos if fallback is None else fallback), "starter"
+            if cut.gap == Gap.LEXICAL:
+                lexical = cut.pos
+                continue
+            if cut.gap >= Gap.CLAUSE or cost + step > full:
                 return cut.pos, "starter"
             last = cut.pos
+        fallback = last if last is not None else lexical
+        if fallback is not None and self.starter_cost(self._text[self._start : self._scanned]) > full:
+            return fallback, "starter"  # later cuts lie past `_scanned`, so past the bound
         return None
 
-    def _starter_cost(self, text: str) -> int:
+    def starter_cost(self, text: str) -> int:
         """Words cost starter_max_cjk, CJK characters starter_max_words: full at their product."""
         cfg, cost = self.config, 0
         for unit in split_units(text):
@@ -327,27 +216,43 @@ class Segmenter:
                 cost += cfg.starter_max_words if is_cjk_char(unit.text) else cfg.starter_max_cjk
         return cost
 
-    def _choose_main(self, cuts: list[_Cut]) -> tuple[int, Trigger] | None:
-        cfg, text = self.config, self._text
+    def _choose_main(self, cuts: list[Cut]) -> tuple[int, Trigger] | None:
+        """The first sentence end; a clause mark once `main_min_width` wide; past the maximum
+        width, the last clause mark at least 2/3 of `main_min_width` wide, else the last word
+        boundary at least `main_min_width` wide, or,
+        when an unbreakable span leaves none, the first cut after it: wider, never a fragment."""
+        cfg = self.config
         max_width = cfg.second_max_width if self._index == 1 else cfg.main_max_width
         clause = weak = None
         punctuated = False  # the CJK length cut is for text with no punctuation at all
         for cut in cuts:
-            seg = text[self._start : cut.pos].strip()
-            if len(seg) >= cfg.min_chars:
-                if cut.gap == _Gap.SENTENCE:
+            seg = self._segment(cut)
+            if len(seg) >= cfg.min_chars and speakable(seg):
+                if cut.gap == Gap.SENTENCE:
                     return cut.pos, "punctuation"
-                width = _width(seg)
-                if width > max_width:
+                columns = width(seg)
+                if columns > max_width:
                     best = clause if clause is not None else weak if weak is not None else cut.pos
                     return best, "length"
-                if cut.gap == _Gap.CLAUSE and width >= cfg.main_min_width:
+                if cut.gap == Gap.CLAUSE and columns >= cfg.main_min_width:
                     return cut.pos, "punctuation"
-                if cut.gap == _Gap.CHAR and not punctuated and count_units(seg) >= cfg.cjk_flush_units:
-                    return cut.pos, "length"
-                if cut.gap == _Gap.CLAUSE:
-                    clause = cut.pos
-                else:
+                if cut.gap <= Gap.CHAR and not punctuated:
+                    units = count_units(seg)  # a phrase boundary after cjk_flush_units; any after 1.5x
+                    if units >= cfg.cjk_flush_units * (2 if cut.gap == Gap.CHAR else 3) // 2:
+                        return cut.pos, "length"
+                if cut.gap == Gap.CLAUSE and columns >= cfg.main_min_width * 2 // 3:
+                    clause = cut.pos  # "To install it," yes; "said," no
+                elif columns >= cfg.main_min_width:
                     weak = cut.pos
-            punctuated = punctuated or cut.gap >= _Gap.CLAUSE
+            punctuated = punctuated or cut.gap >= Gap.CLAUSE
         return None
+
+
+_ENDS = ".!?…。！？,;:，、；：—"
+_CLAUSE_ENDS = ",;:，、；：—"
+
+
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i].isspace():
+        i += 1
+    return i

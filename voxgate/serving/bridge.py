@@ -7,7 +7,7 @@ The body: `messages` (chat format) and the reply options `voice`, `language`, `p
 The response is server-sent events by default (`data: {...}` lines): `segment` {index, text,
 kind, trigger, cached} when a segment starts speaking, `audio` {segment, data (base64 16-bit
 PCM at the `x-sample-rate` header's rate)}, then one `done` {status, spoken, segments,
-dropped, queue_peak, triggers, starter_cached, timings_ms, code?, message?}. With
+dropped, queue_peak, triggers, starter_cached, timings_ms, unspeakable, code?, message?}. With
 `Accept: multipart/mixed` the same come as parts: JSON parts for `segment` and `done`, and
 `audio/L16` parts of raw PCM with an `X-Segment` header; every part has a Content-Length.
 The `x-bridge-id` header names the reply for the stop endpoint, whose optional JSON body
@@ -71,7 +71,8 @@ _EVENT = {
     "required": ["type"],
     "properties": {"type": {"enum": ["segment", "audio", "done"]}},
     "description": "segment {index, text, kind, trigger, cached}; audio {segment, data: base64 16-bit PCM}; "
-    "done {status, spoken, segments, dropped, queue_peak, triggers, starter_cached, timings_ms, code?, message?}",
+    "done {status, spoken, segments, dropped, queue_peak, triggers, starter_cached, timings_ms, unspeakable, "
+    "code?, message?}",
 }
 
 

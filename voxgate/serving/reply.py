@@ -77,6 +77,7 @@ class ReplyDone:
     starter_cached: bool
     timings_ms: dict[str, float]
     error: dict[str, str] = field(default_factory=dict)
+    unspeakable: int = 0  # segments with nothing to say (emoji or markup only), not synthesised
 
     def message(self) -> dict[str, Any]:
         out = {"type": "done", **asdict(self)}
@@ -222,7 +223,7 @@ class Reply:
         metrics.bridge_queue_peak.observe(stats.queue_peak)
         metrics.bridge_replies.labels(status).inc()
         return ReplyDone(status, self.spoken(), stats.segments, stats.dropped, stats.queue_peak, dict(stats.triggers),
-                         0 in self._cached, timings, error)  # fmt: skip
+                         0 in self._cached, timings, error, stats.unspeakable)  # fmt: skip
 
 
 def _timings(marks: dict[str, float], t_in: float, stopped_at: float | None) -> dict[str, float]:

@@ -1,0 +1,425 @@
+"""Where a streamed reply may be cut: the boundary scanner under the segmenter (pure, no I/O).
+
+`scan(text, start, at, final)` walks the pending text from `at` and returns the boundaries it
+is sure of, each with its strength (`Gap`: between two CJK words, between Latin words, after a
+clause mark, after a sentence end), and where it stopped: the first place where the text so
+far cannot decide (a boundary waits for what follows it, a markup span for its closer). Every
+decision reads a bounded window of text (at most `LOOKBACK` characters before the gap and a
+few after it), so the segments are the same however the text is split into deltas, and the
+cost of a delta does not grow with the text before it.
+
+No cut falls inside:
+- numbers, times and dates (3.14, 1,000, 12:30, 9：00, 5 p.m.), URLs, e-mail addresses, paths;
+- a number and the word before it ("Python 3.10", "USD 1,299", "No. 3", "+1 (800) 555-0199"),
+  or around an operator ("p = 0.31", "n ≥ 30");
+- an abbreviation and the word after it ("Ph.D. in", "Nov. 26", "Dr. Lee", "Ave. between"):
+  the lexicons are pysbd's (a maintained rule-based sentence splitter, pinned). Running pysbd
+  itself on the stream was measured first and is not usable here: ~30 ms per 200-character
+  call on this machine, re-run on every delta, against a 50 us budget per delta; its lists
+  with our context rules (a title always holds; a month or "No." holds before a number; any
+  other abbreviation holds before a lower-case word or a number) keep its decisions at
+  microseconds. pysbd's own context rules are not reproduced: it needs the whole sentence;
+- an inline list marker and its item ("options: 1. restart the router, or 2. reinstall");
+- short markup and bracketed spans: `code`, **bold**, [text](url), (a + b), [0, 1), short
+  quotes ("carpe diem", “加油”). An opener whose closer does not come within `max_span`
+  characters is plain text: it holds the cut for a few words at most, never the reply. A
+  `**` after a letter or digit is an operator (2**8), not bold; a ``` fence is not a span
+  (code blocks are cut at their line breaks);
+- a CJK word: a cut between two Chinese characters falls only at a word boundary of jieba
+  (`rjieba`, jieba's Rust port: ~3 us per 10-character window) and never leaves one or two
+  characters before a punctuation mark ("见面可以" | "吗？"). Japanese (any kana nearby) is cut
+  only where hiragana meets kanji or katakana, the start of the next phrase: jieba has no
+  Japanese dictionary and a Japanese analyser (MeCab + a dictionary) costs ~50 MB;
+- a Latin term inside Chinese text, and the marks of a symbol standing alone ("like ! or #").
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from enum import IntEnum
+from typing import NamedTuple
+
+import rjieba
+from pysbd.lang.english import English
+
+rjieba.cut("预热")  # loads jieba's dictionary (~0.2 s) at import, not in the first reply's first cut
+
+LOOKBACK = 64  # characters a decision may read before its gap (the word before it)
+CJK_LEFT, CJK_RIGHT = 6, 4  # the jieba window around a gap between two CJK characters
+
+
+class Gap(IntEnum):
+    LEXICAL = 0  # between two CJK words inside a phrase ("北京" | "南站"): a last resort
+    CHAR = 1  # between two CJK phrases: after a particle, before a function word
+    WORD = 2  # whitespace between Latin words
+    CLAUSE = 3
+    SENTENCE = 4
+
+
+class Cut(NamedTuple):
+    pos: int  # offset in the text where the next segment starts
+    gap: Gap
+
+
+IDEOGRAPH = re.compile("[\u3005\u3007\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_KANA = re.compile("[\u3040-\u30ff]")
+_HIRAGANA = re.compile("[\u3041-\u309f]")
+_JA_PARTICLES = "はがをにでもへ"  # a phrase ends after these (not の or と: 関ヶ原の戦い, ふるさと納税)
+_ZH_PARTICLES = "的了着过地得吗呢吧啊呀哦嘛"  # a phrase ends after these
+_ZH_OPENERS = frozenset(  # a phrase starts with these
+    """和 与 及 或 在 是 就 都 也 还 把 被 给 对 从 向 到 跟 让 而 但 又 再 才 并 将 要 会 能 所以 因为 然后 如果
+    但是 而且 并且 或者 以及 可以 需要 应该 已经 我 你 他 她 它 我们 你们 他们 这 那 这个 那个 这些 那些
+    一个 每 最 很 非常 比较""".split()  # noqa: SIM905 (a list literal of 64 words reads worse)
+)
+SENTENCE = ".!?…。！？"
+CLAUSE = ",;:，、；：—"
+_FREE = "…。！？，、；：—"  # CJK-style marks: a boundary even with no space after them
+_CLOSERS = "\"'”’」』）)]》〉】"
+_TRAILING = _CLOSERS + "*_`"
+_MARKS = SENTENCE + CLAUSE + _CLOSERS
+_DASHES = ("-", "--", "–", "—", "...", "…")
+_OPERATORS = "=<>≤≥≈≠±×÷^+/*→"
+_INFIX = "=<>≤≥≈≠±×÷^→"  # no cut before these either ("p =", "n ≥")
+_NUMBER_PREFIX = "(+$€£¥#-−~≈<>"  # "(800)", "+1", "$5", "~3": a number follows
+_BRACKETS = {"(": ")]}", "[": ")]}", "{": ")]}", "（": "）", "【": "】"}
+_QUOTES = {"「": "」", "『": "』", "《": "》", "〈": "〉"}  # CJK titles and quotes (“加油” is a jieba word)
+_QUOTE_SPAN = 16  # a quote protected whole: a word or a title
+_FENCE = re.compile("`{3,}")
+_CLOCK = re.compile(r"[ap]\.m\.|[ap]m\b", re.I)  # "5 p.m.", "9 am": the time stays with its number
+_LIST_MARKER = re.compile(r"\d{1,3}[.)]|[-*+•]|#{1,6}")
+_INLINE_MARKER = re.compile(r"\(?(?:\d{1,2}|[a-z]|[ivx]{1,4})[.)]", re.I)
+_TAIL_WORD = re.compile(r"[A-Za-z](?:[A-Za-z.]*[A-Za-z])?$")  # the Latin word a dot ends: "好的。Mr" -> "Mr"
+_MULTI_DOT = re.compile(r"(?:[a-z]{1,2}\.)+[a-z]{1,5}", re.I)  # ph.d, u.s, e.g, a.m, d.phil
+
+_ABBREVIATIONS = English.Abbreviation
+_TITLES = frozenset(_ABBREVIATIONS.PREPOSITIVE_ABBREVIATIONS) | {
+    "pres", "fr", "amb", "atty", "dir", "insp", "pvt", "supt", "mme", "mlle", "hon", "mx", "sat", "sun", "mon",
+    "tue", "tues", "wed", "thu", "thur", "thurs", "fri",
+}  # fmt: skip  # a name (or a date) follows
+_BEFORE_NUMBERS = frozenset(_ABBREVIATIONS.NUMBER_ABBREVIATIONS) | {
+    "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec",
+    "vol", "ch", "chap", "sec", "eq", "pg", "fig", "figs", "ref", "tab", "par",
+}  # fmt: skip
+# pysbd's list lacks some that replies use; they hold only before a lower-case word or a number.
+_KNOWN = frozenset(_ABBREVIATIONS.ABBREVIATIONS) | _BEFORE_NUMBERS | {
+    "approx", "est", "incl", "excl", "misc", "avg", "max", "min", "qty", "tbsp", "tsp", "oz",
+    "lb", "lbs", "hrs", "mins", "secs", "yr", "yrs", "mos", "wk", "wks", "pt", "pts", "cca",
+    "resp", "govt", "intl", "natl", "dept", "univ", "assoc", "corp", "co", "bros", "sq", "cu", "rte", "apt",
+    "ste", "rm", "bldg", "hwy", "pkwy", "ln",
+}  # fmt: skip
+
+
+# Abbreviations that are also words ending sentences ("Ask me.", "The answer is no."): these
+# hold the next word only when it goes on in lower case (or is a number); the rest always hold.
+_WORDS = frozenset({
+    "is", "me", "ok", "may", "man", "miss", "ill", "id", "con", "mass", "wash", "arc", "del", "cal", "co", "op",
+    "ore", "res", "ref", "sec", "min", "ver", "exp", "fed", "no", "art", "ext", "est", "max", "mo", "pa", "la",
+    "ut", "al", "ind", "mar", "jun", "jul", "aug", "dec", "rep", "pl", "rd", "ct", "hr", "ft", "mm", "pt", "fig",
+    "vol", "ch", "tab", "par", "va", "ga", "wy", "ia", "md", "de", "ken", "don", "cap", "pp", "p", "nos",
+    "bros", "assoc", "inc", "ltd", "corp", "dept", "univ", "govt", "etc", "yrs", "hrs", "mins", "secs", "lbs", "oz",
+    "lb", "pts", "wks", "mos", "yr", "wk", "tsp", "tbsp", "qty", "avg", "misc", "incl", "excl", "approx",
+})  # fmt: skip
+# Written after a name: no cut before them ("Bright Electronics Inc.", "John Smith Jr.").
+_AFTER_NAMES = ("inc", "ltd", "corp", "co", "llc", "plc", "gmbh", "jr", "sr", "esq", "phd", "st", "ave", "blvd", "rd",
+                "ln", "hwy", "pkwy", "sq", "v", "vs")  # fmt: skip
+
+
+def is_ideograph(ch: str) -> bool:
+    return IDEOGRAPH.match(ch) is not None
+
+
+def width(text: str) -> int:
+    """Display columns: a CJK character or emoji counts 2 (about a syllable of speech)."""
+    if text.isascii():
+        return len(text)
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def speakable(text: str) -> bool:
+    """Whether a segment has anything to say: a letter or digit, not only emoji or markup."""
+    return any(ch.isalnum() for ch in text)
+
+
+def _skip(text: str, i: int, chars: str | None) -> int:
+    """The end of the run at `i` of characters in `chars` (None: whitespace)."""
+    while i < len(text) and (text[i].isspace() if chars is None else text[i] in chars):
+        i += 1
+    return i
+
+
+# ---------------------------------------------------------------------------- spans
+
+
+def _closing(text: str, closers: str, frm: int, limit: int, final: bool) -> int | None:
+    """The end of the first of `closers` in text[frm:limit] (a line break ends the search):
+    -1 if it cannot come, None if it may still."""
+    for i in range(frm, min(limit, len(text))):
+        if text[i] in closers:
+            return i + 1
+        if text[i] == "\n":
+            return -1
+    return -1 if final or limit <= len(text) else None
+
+
+def _span_end(text: str, i: int, final: bool, cap: int) -> int | None:
+    """The end of the protected span opening at `i`; -1 if none opens there, None if undecided."""
+    n, ch = len(text), text[i]
+    if ch == "`":
+        ticks = _skip(text, i, "`") - i
+        if i + ticks == n and not final:
+            return None
+        if ticks >= 3:
+            return -1  # a code fence (the scan steps over it)
+        limit = i + cap + cap // 3  # code runs longer than prose markup
+        found = text.find("`" * ticks, i + ticks, limit)
+        if found >= 0:
+            return found + ticks
+        return -1 if final or limit <= n else None
+    if ch == "*":
+        if i + 2 >= n:
+            return -1 if final else None
+        if text[i + 1] != "*" or text[i + 2].isspace() or (i > 0 and text[i - 1].isascii() and text[i - 1].isalnum()):
+            return -1  # a lone star, or 2**8
+        found = text.find("**", i + 2, i + cap)
+        if found >= 0:
+            return found + 2
+        return -1 if final or i + cap <= n else None
+    if ch in _BRACKETS:
+        return _closing(text, _BRACKETS[ch], i + 1, i + cap, final)
+    return _closing(text, _QUOTES[ch], i + 1, i + _QUOTE_SPAN, final)
+
+
+_SPAN_OPENERS = "`*" + "".join(_BRACKETS) + "".join(_QUOTES)
+
+
+# ---------------------------------------------------------------------------- the scan
+
+
+def scan(text: str, start: int, at: int, final: bool, cap: int, fenced: bool) -> tuple[list[Cut], int, bool]:
+    """Boundaries in text[at:] of the segment that began at `start`, where the scan stopped
+    (len(text), or the first place that later text could still change: resume there), and
+    whether that place is inside a ``` code block (`fenced`: whether `at` is). A code block
+    is cut only at its line breaks."""
+    n, cuts, i = len(text), [], at
+    while i < n:
+        ch = text[i]
+        run = _skip(text, i, "`") if ch == "`" else i
+        if run - i >= 3:
+            if run == n and not final:
+                break
+            i, fenced = run, not fenced
+            continue
+        if fenced:
+            if ch == "`" and run == n and not final:
+                break  # "`" may grow into the closing fence
+            if not ch.isspace():
+                i += 1
+                continue
+            end = _skip(text, i, None)
+            if end == n and not final:
+                break
+            if end < n and "\n" in text[i:end]:
+                cuts.append(Cut(end, Gap.SENTENCE))
+            i = end
+            continue
+        if ch in _SPAN_OPENERS:
+            end = _span_end(text, i, final, cap)
+            if end is None:
+                break
+            if end > i:
+                if end == n and not final:
+                    break  # the gap after the span is not known yet
+                closes = text[end - 1] in _CLOSERS  # a quote or bracket, not `code` or **bold**
+                if closes and end < n and not text[end].isspace() and (gap := classify(text, start, end, end)):
+                    cuts.append(Cut(end, gap))  # “可以。”然后
+                i = end
+                continue
+        if ch.isspace():
+            end = _skip(text, i, None)
+            if end == n and not final:
+                break
+            gap = classify(text, start, i, end) if end < n else None
+            if gap == Gap.WORD and not final and _pending_after_space(text, i, end):
+                break  # what follows may still glue the next word to this one
+            if gap is not None:
+                cuts.append(Cut(end, gap))
+            i = end
+        elif ch in SENTENCE or ch in CLAUSE:
+            end = _skip(text, _skip(text, i, SENTENCE + CLAUSE), _CLOSERS)
+            if end == n and not final:
+                break
+            if end < n and not text[end].isspace() and (gap := classify(text, start, end, end)):
+                cuts.append(Cut(end, gap))
+            i = end
+        else:
+            if i + 1 == n and not final:
+                break  # the gap after this character is not known yet
+            if i + 1 < n and is_ideograph(ch) and is_ideograph(text[i + 1]):
+                verdict = _cjk_gap(text, i + 1, final)
+                if verdict is None:
+                    break
+                if verdict is not False:
+                    cuts.append(Cut(i + 1, verdict))
+            i += 1
+    return cuts, i, fenced
+
+
+def fences(text: str, start: int, end: int) -> int:
+    """How many ``` fences text[start:end] holds (each opens or closes a code block)."""
+    return len(_FENCE.findall(text, start, end))
+
+
+def _pending_after_space(text: str, i: int, end: int) -> bool:
+    """The first characters after a space do not yet say whether a word gap is one: "5 p" may
+    become "5 p.m.", "+" or "(" may open a number, "Acme I" may become "Acme Inc."."""
+    if end + 1 >= len(text) and end < len(text) and text[end] in _NUMBER_PREFIX:
+        return True
+    if end + 6 > len(text) and "et al.".startswith(text[end:]):
+        return True  # "Wang e" may become "Wang et al."
+    head = text[end : end + 5]
+    if (
+        head[:1].isupper()
+        and len(head) < 5
+        and head.isalpha()
+        and any(s.startswith(head.lower()) for s in _AFTER_NAMES)
+    ):
+        return True  # "Inc" may still become "Inc."
+    tail = text[end : end + 5]
+    return (
+        text[i - 1 : i].isdigit()
+        and not any(ch.isspace() for ch in tail)
+        and any(form.startswith(tail.lower()) for form in ("a.m.", "p.m.", "am", "pm"))
+    )
+
+
+def _cjk_gap(text: str, p: int, final: bool) -> Gap | bool | None:
+    """What the gap before text[p] (two CJK characters meet) is: a `Gap`, False (no cut), or
+    None (undecided: the characters after it have not all arrived)."""
+    n = len(text)
+    right = p
+    while right < n and right < p + CJK_RIGHT and is_ideograph(text[right]):
+        right += 1
+    if ((right == n and right < p + CJK_RIGHT) or p + 3 > n) and not final:
+        return None
+    if any(ch in _MARKS for ch in text[p + 1 : p + 3]):
+        return False  # one or two characters left before a punctuation mark
+    left = p
+    while left > max(p - CJK_LEFT, 0) and is_ideograph(text[left - 1]):
+        left -= 1
+    before, after = text[p - 1], text[p]
+    if _KANA.search(text, left, right):  # Japanese: where a particle meets the next word
+        if not _HIRAGANA.match(before) or _HIRAGANA.match(after) or after == "ー" or before in "のとかおご":
+            return False  # inside a word or a name: 関ヶ原の戦い, ふるさと納税, お願い
+        return Gap.CHAR if before in _JA_PARTICLES else Gap.LEXICAL
+    words = rjieba.cut(text[left:right])
+    offset = 0
+    for k, word in enumerate(words):
+        offset += len(word)
+        if offset == p - left:
+            following = words[k + 1] if k + 1 < len(words) else ""
+            if following and following[0] in _ZH_PARTICLES:
+                return False  # 的, 了, 吗 go with the word before them
+            phrase = word[-1] in _ZH_PARTICLES or following in _ZH_OPENERS
+            return Gap.CHAR if phrase else Gap.LEXICAL
+        if offset > p - left:
+            return False
+    return False
+
+
+# ---------------------------------------------------------------------------- one gap
+
+
+def classify(text: str, start: int, i: int, end: int) -> Gap | None:
+    """What kind of boundary the gap text[i:end] (whitespace or nothing) is, if any."""
+    spaced, after = i < end, text[end]
+    word_start = i
+    while word_start > max(i - LOOKBACK, 0) and not text[word_start - 1].isspace():
+        word_start -= 1
+    word = text[word_start:i]
+    if not word:
+        return None  # whitespace opening the stream
+    if "\n" in text[i:end]:
+        return Gap.SENTENCE
+    core = word.rstrip(_TRAILING)
+    if _list_marker(text, word_start, word, after):
+        return None  # "1. " and "- " stay with their item
+    if core and core[-1] in SENTENCE + CLAUSE:
+        if not spaced and (core[-1] not in _FREE and not is_ideograph(after)):
+            return None  # 3.14, 1,000, 12:30, example.com
+        if not spaced and core[-2:-1].isdigit() and after.isdigit():
+            return None  # 9：00
+        if not speakable(core):
+            return Gap.CLAUSE if core in _DASHES else None  # "like ! or #"
+        if core[-1] in CLAUSE:
+            return Gap.CLAUSE
+        if core[-1] != "." or core.endswith(".."):
+            return Gap.SENTENCE
+        return None if _abbreviation_holds(core, after) else Gap.SENTENCE
+    if core in _DASHES:
+        return Gap.CLAUSE
+    if not spaced or is_ideograph(text[i - 1]) or is_ideograph(after) or after in SENTENCE + CLAUSE:
+        return None
+    if _number_follows(text, end) or after in _INFIX or (core and all(c in _OPERATORS for c in core)):
+        return None  # "Python 3.10", "USD 1,299", "p = 0.31"
+    if core[-1:].isdigit() and after.isalpha():
+        return None  # "149.6 million", "3 cloves", "5-7 business days"
+    if (core == "et" and text.startswith("al.", end)) or text.startswith("et al.", end):
+        return None  # "Wang et al."
+    if _name_suffix(text, end):
+        return None  # "Electronics Inc.", "Smith v. Jones"
+    if core[:1].isupper() and after.isupper() and core.isalpha() and text[end : end + 2].isalpha():
+        return None  # a name: "Bright Electronics", "Martin Luther King" (not "I" or "A")
+    if core[-1:].isdigit() and _CLOCK.match(text, end):
+        return None
+    if IDEOGRAPH.search(text, max(start, i - LOOKBACK), i):
+        return None  # Latin terms inside Chinese text stay whole
+    return Gap.WORD
+
+
+def _name_suffix(text: str, end: int) -> bool:
+    word = text[end : end + 5].split(maxsplit=1)[0] if text[end : end + 1].strip() else ""
+    letters = word.rstrip(".,")
+    return letters.lower() in _AFTER_NAMES and letters != word and letters[:1].isupper()
+
+
+def _number_follows(text: str, end: int) -> bool:
+    first = text[end]
+    return first.isdigit() or (first in _NUMBER_PREFIX and text[end + 1 : end + 2].isdigit())
+
+
+def _list_marker(text: str, word_start: int, word: str, after: str) -> bool:
+    """A list marker: at the start of a line ("1. ", "- "), or inline after a colon, a comma
+    or "or"/"and" ("options: 1. restart the router, or 2. reinstall"), or before a lower-case word."""
+    line = word_start
+    while line > max(word_start - LOOKBACK, 0) and text[line - 1] in " \t":
+        line -= 1
+    if (line == 0 or text[line - 1] == "\n") and _LIST_MARKER.fullmatch(word):
+        return True
+    if not _INLINE_MARKER.fullmatch(word):
+        return False
+    if after.islower():
+        return True
+    before = text[max(line - 12, 0) : line].split()
+    previous = before[-1] if before else ""
+    return previous[-1:] in (":", ",", ";") or previous.lower() in ("or", "and", "then")
+
+
+def _abbreviation_holds(core: str, after: str) -> bool:
+    """Whether "word." before `after` is an abbreviation that keeps the next word with it.
+    When unsure it holds: a missed sentence end only makes a segment longer; a wrong one is
+    a pause a listener hears."""
+    found = _TAIL_WORD.search(core[:-1])
+    if found is None:
+        return False
+    token = found.group()
+    lower = token.lower()
+    if _MULTI_DOT.fullmatch(lower) or (len(token) == 1 and token.isupper()):
+        return True  # "U.S.", "Ph.D.", "e.g.", "J. Doe"
+    if lower in _TITLES:
+        return True  # "Dr. Lee", "Sen. Warren"
+    if after.isdigit():  # "No. 3", "Nov. 26", "Rte. 128", "Apt. 4"
+        return lower in _BEFORE_NUMBERS or lower in _KNOWN or (token.isalpha() and len(token) <= 4)
+    if lower not in _KNOWN:
+        return False
+    return lower not in _WORDS or after.islower() or is_ideograph(after)  # "etc.我们" goes on
