@@ -68,10 +68,10 @@ _HIRAGANA = re.compile("[\u3041-\u309f]")
 _JA_PARTICLES = "はがをにでもへ"  # a phrase ends after these (not の or と: 関ヶ原の戦い, ふるさと納税)
 _ZH_PARTICLES = "的了着过地得吗呢吧啊呀哦嘛"  # a phrase ends after these
 _ZH_OPENERS = frozenset(  # a phrase starts with these
-    """和 与 及 或 在 是 就 都 也 还 把 被 给 对 从 向 到 跟 让 而 但 又 再 才 并 将 要 会 能 所以 因为 然后 如果
+    """和 与 及 或 是 就 都 也 还 把 被 对 从 向 跟 让 而 但 又 再 才 并 将 要 会 能 所以 因为 然后 如果
     但是 而且 并且 或者 以及 可以 需要 应该 已经 我 你 他 她 它 我们 你们 他们 这 那 这个 那个 这些 那些
-    一个 每 最 很 非常 比较""".split()  # noqa: SIM905 (a list literal of 64 words reads worse)
-)
+    一个 每 最 很 非常 比较""".split()  # noqa: SIM905 (a list literal of 60 words reads worse)
+)  # not 在, 到, 给: as often the end of a verb (定在, 改到, 交给) as the start of a phrase
 SENTENCE = ".!?…。！？"
 CLAUSE = ",;:，、；：—"
 _FREE = "…。！？，、；：—"  # CJK-style marks: a boundary even with no space after them
@@ -106,7 +106,7 @@ _KNOWN = frozenset(_ABBREVIATIONS.ABBREVIATIONS) | _BEFORE_NUMBERS | {
     "approx", "est", "incl", "excl", "misc", "avg", "max", "min", "qty", "tbsp", "tsp", "oz",
     "lb", "lbs", "hrs", "mins", "secs", "yr", "yrs", "mos", "wk", "wks", "pt", "pts", "cca",
     "resp", "govt", "intl", "natl", "dept", "univ", "assoc", "corp", "co", "bros", "sq", "cu", "rte", "apt",
-    "ste", "rm", "bldg", "hwy", "pkwy", "ln",
+    "ste", "rm", "bldg", "hwy", "pkwy", "ln", "mi", "km", "kg", "cm", "ml", "mg",
 }  # fmt: skip
 
 
@@ -119,7 +119,23 @@ _WORDS = frozenset({
     "vol", "ch", "tab", "par", "va", "ga", "wy", "ia", "md", "de", "ken", "don", "cap", "pp", "p", "nos",
     "bros", "assoc", "inc", "ltd", "corp", "dept", "univ", "govt", "etc", "yrs", "hrs", "mins", "secs", "lbs", "oz",
     "lb", "pts", "wks", "mos", "yr", "wk", "tsp", "tbsp", "qty", "avg", "misc", "incl", "excl", "approx",
+    "mi", "km", "kg", "cm", "ml", "mg",
 })  # fmt: skip
+# A word gap after these leaves the phrase hanging ("I think the" | "best approach"): none there.
+_HANGING = frozenset(
+    """a an the to of in on at by for with via from into onto about as than per my your his her
+    its our their this that these those and or but nor if is are was were be been has have had will would can
+    could should may might must do does did not no very so such some any each every all both more most less
+    """.split()  # noqa: SIM905
+)
+_MONTHS = frozenset(
+    """january february march april may june july august september october november december
+    jan feb mar apr jun jul aug sep sept oct nov dec""".split()  # noqa: SIM905
+)
+_DAYS = frozenset(
+    """mon tue tues wed thu thur thurs fri sat sun monday tuesday wednesday thursday friday saturday
+    sunday""".split()  # noqa: SIM905
+)
 # Written after a name: no cut before them ("Bright Electronics Inc.", "John Smith Jr.").
 _AFTER_NAMES = ("inc", "ltd", "corp", "co", "llc", "plc", "gmbh", "jr", "sr", "esq", "phd", "st", "ave", "blvd", "rd",
                 "ln", "hwy", "pkwy", "sq", "v", "vs")  # fmt: skip
@@ -352,7 +368,7 @@ def classify(text: str, start: int, i: int, end: int) -> Gap | None:
         if not speakable(core):
             return Gap.CLAUSE if core in _DASHES else None  # "like ! or #"
         if core[-1] in CLAUSE:
-            return Gap.CLAUSE
+            return None if _date_comma(text, word_start, core, after) else Gap.CLAUSE
         if core[-1] != "." or core.endswith(".."):
             return Gap.SENTENCE
         return None if _abbreviation_holds(core, after) else Gap.SENTENCE
@@ -362,14 +378,16 @@ def classify(text: str, start: int, i: int, end: int) -> Gap | None:
         return None
     if _number_follows(text, end) or after in _INFIX or (core and all(c in _OPERATORS for c in core)):
         return None  # "Python 3.10", "USD 1,299", "p = 0.31"
-    if core[-1:].isdigit() and after.isalpha():
-        return None  # "149.6 million", "3 cloves", "5-7 business days"
+    if core[-1:].isdigit() and (after.isalpha() or after in "°%‰′″"):
+        return None  # "149.6 million", "3 cloves", "5-7 business days", "180 °C"
     if (core == "et" and text.startswith("al.", end)) or text.startswith("et al.", end):
         return None  # "Wang et al."
     if _name_suffix(text, end):
         return None  # "Electronics Inc.", "Smith v. Jones"
     if core[:1].isupper() and after.isupper() and core.isalpha() and text[end : end + 2].isalpha():
         return None  # a name: "Bright Electronics", "Martin Luther King" (not "I" or "A")
+    if core.lower() in _HANGING:
+        return None  # "the" | "museum", "to" | "the"
     if core[-1:].isdigit() and _CLOCK.match(text, end):
         return None
     if IDEOGRAPH.search(text, max(start, i - LOOKBACK), i):
@@ -381,6 +399,18 @@ def _name_suffix(text: str, end: int) -> bool:
     word = text[end : end + 5].split(maxsplit=1)[0] if text[end : end + 1].strip() else ""
     letters = word.rstrip(".,")
     return letters.lower() in _AFTER_NAMES and letters != word and letters[:1].isupper()
+
+
+def _date_comma(text: str, word_start: int, core: str, after: str) -> bool:
+    """A comma inside a date: "June 28, 1919", "Thu., Oct. 10", "Friday, Nov. 28"."""
+    if core[-1] != ",":
+        return False
+    token = core[:-1].rstrip(".").lower()
+    if token in _DAYS:
+        return after.isupper() or after.isdigit()
+    before = text[max(word_start - 12, 0) : word_start].split()
+    month = before[-1].rstrip(".").lower() if before else ""
+    return token.isdigit() and len(token) <= 2 and month in _MONTHS and after.isdigit()
 
 
 def _number_follows(text: str, end: int) -> bool:
@@ -422,4 +452,4 @@ def _abbreviation_holds(core: str, after: str) -> bool:
         return lower in _BEFORE_NUMBERS or lower in _KNOWN or (token.isalpha() and len(token) <= 4)
     if lower not in _KNOWN:
         return False
-    return lower not in _WORDS or after.islower() or is_ideograph(after)  # "etc.我们" goes on
+    return after in "([（" or lower not in _WORDS or after.islower() or is_ideograph(after)  # "etc.我们" goes on

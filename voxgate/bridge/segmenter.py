@@ -117,6 +117,8 @@ class Segmenter:
         self._start = 0  # where the pending (not yet emitted) text begins
         self._index = 0
         self._cuts: list[Cut] = []  # boundaries of the pending segment found so far
+        self._sizes: list[_Size] = []  # text[start:cut.pos] measured, one per cut (built as cuts come)
+        self._judged: tuple[int, int | None, int | None, bool] = (0, None, None, False)  # _choose_main's place
         self._scanned = 0  # where the scan resumes
         self._fenced = self._fenced_start = (
             False  # inside a ``` block: where the scan resumes, where the segment starts
@@ -147,7 +149,8 @@ class Segmenter:
         segment = Segment(text=raw.strip(), kind=kind, trigger=trigger, index=self._index, raw=raw)
         self._fenced_start ^= fences(self._text, self._start, pos) % 2 == 1
         self._start, self._index = pos, self._index + 1
-        self._cuts, self._scanned, self._fenced = [], pos, self._fenced_start  # rescan: rules read where it starts
+        self._cuts, self._sizes, self._judged = [], [], (0, None, None, False)
+        self._scanned, self._fenced = pos, self._fenced_start  # rescan: rules read where the segment starts
         if self._start > self.TRIM_AT:
             drop = self._start - self.KEEP
             self._text, self._start, self._scanned = self._text[drop:], self._start - drop, self._scanned - drop
@@ -159,7 +162,7 @@ class Segmenter:
             return opener, "starter"
         cap = self.config.max_span_chars
         found, self._scanned, self._fenced = scan(text, self._start, self._scanned, final, cap, self._fenced)
-        self._cuts += found
+        self._measure(found)
         if not (found or final):
             return None  # no new boundary: the choice would be the same as last time
         cut = self._choose_main(self._cuts) if self._index else self._choose_starter(self._cuts)
@@ -216,36 +219,62 @@ class Segmenter:
                 cost += cfg.starter_max_words if is_cjk_char(unit.text) else cfg.starter_max_cjk
         return cost
 
+    def _measure(self, found: list[Cut]) -> None:
+        """Running sizes of the pending text up to each new cut: each push measures only the
+        text it added, so choosing stays cheap however many cuts the segment has."""
+        for cut in found:
+            before = self._sizes[-1] if self._sizes else _Size()
+            piece = self._text[self._cuts[-1].pos if self._cuts else self._start : cut.pos]
+            self._sizes.append(_Size(before.columns + width(piece), before.units + count_units(piece),
+                                     before.chars + len(piece), before.speaks or speakable(piece)))  # fmt: skip
+            self._cuts.append(cut)
+
     def _choose_main(self, cuts: list[Cut]) -> tuple[int, Trigger] | None:
         """The first sentence end; a clause mark once `main_min_width` wide; past the maximum
         width, the last clause mark at least 2/3 of `main_min_width` wide, else the last word
-        boundary at least `main_min_width` wide, or,
-        when an unbreakable span leaves none, the first cut after it: wider, never a fragment."""
-        cfg = self.config
+        boundary at least `main_min_width` wide, or, when an unbreakable span leaves none, the
+        first cut after it: wider, never a fragment. Resumes at the first cut not yet judged."""
+        cfg, text = self.config, self._text
         max_width = cfg.second_max_width if self._index == 1 else cfg.main_max_width
-        clause = weak = None
-        punctuated = False  # the CJK length cut is for text with no punctuation at all
-        for cut in cuts:
-            seg = self._segment(cut)
-            if len(seg) >= cfg.min_chars and speakable(seg):
+        lead = _skip_space(text, self._start) - self._start
+        judged, clause, weak, punctuated = self._judged  # punctuated: the CJK length cut is for text without any
+        for k in range(judged, len(cuts)):
+            cut, size = cuts[k], self._sizes[k]
+            spaces = lead + _trailing_space(text, self._start, cut.pos)
+            if size.chars - spaces >= cfg.min_chars and size.speaks:
                 if cut.gap == Gap.SENTENCE:
                     return cut.pos, "punctuation"
-                columns = width(seg)
+                columns = size.columns - spaces
                 if columns > max_width:
                     best = clause if clause is not None else weak if weak is not None else cut.pos
                     return best, "length"
                 if cut.gap == Gap.CLAUSE and columns >= cfg.main_min_width:
                     return cut.pos, "punctuation"
-                if cut.gap <= Gap.CHAR and not punctuated:
-                    units = count_units(seg)  # a phrase boundary after cjk_flush_units; any after 1.5x
-                    if units >= cfg.cjk_flush_units * (2 if cut.gap == Gap.CHAR else 3) // 2:
-                        return cut.pos, "length"
+                flush = cfg.cjk_flush_units * (2 if cut.gap == Gap.CHAR else 3) // 2  # phrase; any word: 1.5x
+                if cut.gap <= Gap.CHAR and not punctuated and size.units >= flush:
+                    return cut.pos, "length"
                 if cut.gap == Gap.CLAUSE and columns >= cfg.main_min_width * 2 // 3:
                     clause = cut.pos  # "To install it," yes; "said," no
                 elif columns >= cfg.main_min_width:
                     weak = cut.pos
             punctuated = punctuated or cut.gap >= Gap.CLAUSE
+            self._judged = (k + 1, clause, weak, punctuated)
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Size:
+    columns: int = 0  # display width (CJK 2)
+    units: int = 0  # CJK characters and Latin words
+    chars: int = 0
+    speaks: bool = False  # a letter or digit somewhere
+
+
+def _trailing_space(text: str, start: int, end: int) -> int:
+    i = end
+    while i > start and text[i - 1].isspace():
+        i -= 1
+    return end - i
 
 
 _ENDS = ".!?…。！？,;:，、；：—"
