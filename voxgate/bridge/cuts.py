@@ -63,6 +63,8 @@ class Cut(NamedTuple):
 
 
 IDEOGRAPH = re.compile("[\u3005\u3007\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_IDEOGRAPHS = re.compile(IDEOGRAPH.pattern + "*")
+_IDEOGRAPHS_END = re.compile(IDEOGRAPH.pattern + "*$")
 _KANA = re.compile("[\u3040-\u30ff]")
 _HIRAGANA = re.compile("[\u3041-\u309f]")
 _JA_PARTICLES = "はがをにでもへ"  # a phrase ends after these (not の or と: 関ヶ原の戦い, ふるさと納税)
@@ -271,14 +273,25 @@ def scan(text: str, start: int, at: int, final: bool, cap: int, fenced: bool) ->
         else:
             if i + 1 == n and not final:
                 break  # the gap after this character is not known yet
-            if i + 1 < n and is_ideograph(ch) and is_ideograph(text[i + 1]):
-                verdict = _cjk_gap(text, i + 1, final)
-                if verdict is None:
+            if is_ideograph(ch):  # a run of CJK characters: the gaps inside it
+                i, stopped = _cjk_run(text, i, final, cuts)
+                if stopped:
                     break
-                if verdict is not False:
-                    cuts.append(Cut(i + 1, verdict))
             i += 1
     return cuts, i, fenced
+
+
+def _cjk_run(text: str, i: int, final: bool, cuts: list[Cut]) -> tuple[int, bool]:
+    """Judge the gaps of the CJK run starting at `i`: (its last character, or where a gap is
+    undecided, and whether the scan must stop there)."""
+    end = _IDEOGRAPHS.match(text, i).end()
+    for q in range(i + 1, end):
+        verdict = _cjk_gap(text, q, final)
+        if verdict is None:
+            return q - 1, True
+        if verdict is not False:
+            cuts.append(Cut(q, verdict))
+    return end - 1, end == len(text) and not final
 
 
 def fences(text: str, start: int, end: int) -> int:
@@ -313,16 +326,12 @@ def _cjk_gap(text: str, p: int, final: bool) -> Gap | bool | None:
     """What the gap before text[p] (two CJK characters meet) is: a `Gap`, False (no cut), or
     None (undecided: the characters after it have not all arrived)."""
     n = len(text)
-    right = p
-    while right < n and right < p + CJK_RIGHT and is_ideograph(text[right]):
-        right += 1
+    right = _IDEOGRAPHS.match(text, p, p + CJK_RIGHT).end()  # one regex call per side: this runs per character
     if ((right == n and right < p + CJK_RIGHT) or p + 3 > n) and not final:
         return None
     if any(ch in _MARKS for ch in text[p + 1 : p + 3]):
         return False  # one or two characters left before a punctuation mark
-    left = p
-    while left > max(p - CJK_LEFT, 0) and is_ideograph(text[left - 1]):
-        left -= 1
+    left = _IDEOGRAPHS_END.search(text, max(p - CJK_LEFT, 0), p).start()
     before, after = text[p - 1], text[p]
     if _KANA.search(text, left, right):  # Japanese: where a particle meets the next word
         if not _HIRAGANA.match(before) or _HIRAGANA.match(after) or after == "ー" or before in "のとかおご":
