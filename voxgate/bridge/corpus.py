@@ -224,7 +224,7 @@ def _over_bounds(text: str, starter: Segment, config: SegmenterConfig) -> bool:
     full, cost = config.starter_max_words * config.starter_max_cjk, Segmenter(config).starter_cost
     if cost(starter.text) <= full:
         return False
-    boundaries, _, _ = scan(text, 0, 0, True, config.max_span_chars, False)
+    boundaries, _, _ = scan(text, 0, True, config.max_span_chars, False)
     return any(
         len(head := text[: c.pos].strip()) >= config.min_chars and speakable(head) and cost(head) <= full
         for c in boundaries
@@ -239,7 +239,7 @@ def _starter_late(text: str, starter: Segment, config: SegmenterConfig, openers:
     have arrived."""
     end, full = len(starter.raw), config.starter_max_words * config.starter_max_cjk
     cost = Segmenter(config).starter_cost
-    boundaries, _, _ = scan(text, 0, 0, True, config.max_span_chars, False)
+    boundaries, _, _ = scan(text, 0, True, config.max_span_chars, False)
     deciders = (c.pos for c in boundaries if c.pos > end and (c.gap >= Gap.CLAUSE or cost(text[: c.pos]) > full))
     decider = next(deciders, len(text))
     segmenter = Segmenter(config, openers)

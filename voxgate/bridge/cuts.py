@@ -1,12 +1,13 @@
 """Where a streamed reply may be cut: the boundary scanner under the segmenter (pure, no I/O).
 
-`scan(text, start, at, final)` walks the pending text from `at` and returns the boundaries it
-is sure of, each with its strength (`Gap`: between two CJK words, between Latin words, after a
-clause mark, after a sentence end), and where it stopped: the first place where the text so
-far cannot decide (a boundary waits for what follows it, a markup span for its closer). Every
-decision reads a bounded window of text (at most `LOOKBACK` characters before the gap and a
-few after it), so the segments are the same however the text is split into deltas, and the
-cost of a delta does not grow with the text before it.
+`scan(text, at, final, ...)` walks the text from `at` and returns the boundaries it is sure
+of, each with its strength (`Gap`: between two CJK words in a phrase, between two CJK
+phrases, between Latin words, after a clause mark, after a sentence end), and where it
+stopped: the first place where the text so far cannot decide (a boundary waits for what
+follows it, a markup span for its closer). Every decision reads a bounded window of text (at
+most `LOOKBACK` characters before the gap and a few after it, never where the segment began),
+so the segments are the same however the text is split into deltas, and the cost of a delta
+does not grow with the text before it.
 
 No cut falls inside:
 - numbers, times and dates (3.14, 1,000, 12:30, 9：00, 5 p.m.), URLs, e-mail addresses, paths;
@@ -87,7 +88,7 @@ _NUMBER_PREFIX = "(+$€£¥#-−~≈<>"  # "(800)", "+1", "$5", "~3": a number 
 _BRACKETS = {"(": ")]}", "[": ")]}", "{": ")]}", "（": "）", "【": "】"}
 _QUOTES = {"「": "」", "『": "』", "《": "》", "〈": "〉"}  # CJK titles and quotes (“加油” is a jieba word)
 _QUOTE_SPAN = 16  # a quote protected whole: a word or a title
-_FENCE = re.compile("`{3,}")
+_CLAUSE_TAIL = re.compile(r"[^.!?…。！？,;:，、；：—\n]*$")  # the text after the last mark
 _CLOCK = re.compile(r"[ap]\.m\.|[ap]m\b", re.I)  # "5 p.m.", "9 am": the time stays with its number
 _LIST_MARKER = re.compile(r"\d{1,3}[.)]|[-*+•]|#{1,6}")
 _INLINE_MARKER = re.compile(r"\(?(?:\d{1,2}|[a-z]|[ivx]{1,4})[.)]", re.I)
@@ -214,8 +215,8 @@ _SPAN_OPENERS = "`*" + "".join(_BRACKETS) + "".join(_QUOTES)
 # ---------------------------------------------------------------------------- the scan
 
 
-def scan(text: str, start: int, at: int, final: bool, cap: int, fenced: bool) -> tuple[list[Cut], int, bool]:
-    """Boundaries in text[at:] of the segment that began at `start`, where the scan stopped
+def scan(text: str, at: int, final: bool, cap: int, fenced: bool) -> tuple[list[Cut], int, bool]:
+    """Boundaries in text[at:], where the scan stopped
     (len(text), or the first place that later text could still change: resume there), and
     whether that place is inside a ``` code block (`fenced`: whether `at` is). A code block
     is cut only at its line breaks."""
@@ -249,7 +250,7 @@ def scan(text: str, start: int, at: int, final: bool, cap: int, fenced: bool) ->
                 if end == n and not final:
                     break  # the gap after the span is not known yet
                 closes = text[end - 1] in _CLOSERS  # a quote or bracket, not `code` or **bold**
-                if closes and end < n and not text[end].isspace() and (gap := classify(text, start, end, end)):
+                if closes and end < n and not text[end].isspace() and (gap := classify(text, end, end)):
                     cuts.append(Cut(end, gap))  # “可以。”然后
                 i = end
                 continue
@@ -257,7 +258,7 @@ def scan(text: str, start: int, at: int, final: bool, cap: int, fenced: bool) ->
             end = _skip(text, i, None)
             if end == n and not final:
                 break
-            gap = classify(text, start, i, end) if end < n else None
+            gap = classify(text, i, end) if end < n else None
             if gap == Gap.WORD and not final and _pending_after_space(text, i, end):
                 break  # what follows may still glue the next word to this one
             if gap is not None:
@@ -267,7 +268,7 @@ def scan(text: str, start: int, at: int, final: bool, cap: int, fenced: bool) ->
             end = _skip(text, _skip(text, i, SENTENCE + CLAUSE), _CLOSERS)
             if end == n and not final:
                 break
-            if end < n and not text[end].isspace() and (gap := classify(text, start, end, end)):
+            if end < n and not text[end].isspace() and (gap := classify(text, end, end)):
                 cuts.append(Cut(end, gap))
             i = end
         else:
@@ -292,11 +293,6 @@ def _cjk_run(text: str, i: int, final: bool, cuts: list[Cut]) -> tuple[int, bool
         if verdict is not False:
             cuts.append(Cut(q, verdict))
     return end - 1, end == len(text) and not final
-
-
-def fences(text: str, start: int, end: int) -> int:
-    """How many ``` fences text[start:end] holds (each opens or closes a code block)."""
-    return len(_FENCE.findall(text, start, end))
 
 
 def _pending_after_space(text: str, i: int, end: int) -> bool:
@@ -355,7 +351,7 @@ def _cjk_gap(text: str, p: int, final: bool) -> Gap | bool | None:
 # ---------------------------------------------------------------------------- one gap
 
 
-def classify(text: str, start: int, i: int, end: int) -> Gap | None:
+def classify(text: str, i: int, end: int) -> Gap | None:
     """What kind of boundary the gap text[i:end] (whitespace or nothing) is, if any."""
     spaced, after = i < end, text[end]
     word_start = i
@@ -399,8 +395,8 @@ def classify(text: str, start: int, i: int, end: int) -> Gap | None:
         return None  # "the" | "museum", "to" | "the"
     if core[-1:].isdigit() and _CLOCK.match(text, end):
         return None
-    if IDEOGRAPH.search(text, max(start, i - LOOKBACK), i):
-        return None  # Latin terms inside Chinese text stay whole
+    if IDEOGRAPH.search(text, _CLAUSE_TAIL.search(text, max(i - 24, 0), i).start(), i):
+        return None  # Latin terms inside Chinese text stay whole (Chinese earlier in the clause)
     return Gap.WORD
 
 

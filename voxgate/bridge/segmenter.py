@@ -35,8 +35,9 @@ whitespace yields none). A segment with nothing to say (emoji, a table rule, bar
 never cut off on its own: it joins the text after it; only a reply that ends in one leaves an
 unspeakable final segment (`Segment.speakable` is False: the pipeline skips it).
 
-Each push costs about the same at any reply length: the scan resumes where it stopped, and
-text more than a few hundred characters behind the pending segment is dropped.
+Each push costs about the same at any reply length: the scan resumes where it stopped (no rule
+reads where a segment starts, so an emitted cut keeps the boundaries found after it), and text
+more than a few hundred characters behind the pending segment is dropped.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from voxgate.bridge.cuts import Cut, Gap, fences, scan, speakable, width
+from voxgate.bridge.cuts import Cut, Gap, scan, speakable, width
 from voxgate.text import count_units, is_cjk_char, split_units
 
 Kind = Literal["starter", "main", "final"]
@@ -120,9 +121,8 @@ class Segmenter:
         self._sizes: list[_Size] = []  # text[start:cut.pos] measured, one per cut (built as cuts come)
         self._judged: tuple[int, int | None, int | None, bool] = (0, None, None, False)  # _choose_main's place
         self._scanned = 0  # where the scan resumes
-        self._fenced = self._fenced_start = (
-            False  # inside a ``` block: where the scan resumes, where the segment starts
-        )
+        self._fenced = False  # inside a ``` block at `_scanned`
+        self._fresh = False  # boundaries kept from the last segment's scan wait for a choice
 
     def push(self, delta: str) -> list[Segment]:
         """Add text; return the segments whose end is now certain."""
@@ -147,13 +147,15 @@ class Segmenter:
         raw = self._text[self._start : pos]
         kind: Kind = "final" if trigger == "flush" else "main" if self._index else "starter"
         segment = Segment(text=raw.strip(), kind=kind, trigger=trigger, index=self._index, raw=raw)
-        self._fenced_start ^= fences(self._text, self._start, pos) % 2 == 1
+        kept = [cut for cut in self._cuts if cut.pos > pos]  # no rule reads where a segment starts: no rescan
         self._start, self._index = pos, self._index + 1
-        self._cuts, self._sizes, self._judged = [], [], (0, None, None, False)
-        self._scanned, self._fenced = pos, self._fenced_start  # rescan: rules read where the segment starts
         if self._start > self.TRIM_AT:
             drop = self._start - self.KEEP
             self._text, self._start, self._scanned = self._text[drop:], self._start - drop, self._scanned - drop
+            kept = [Cut(cut.pos - drop, cut.gap) for cut in kept]
+        self._cuts, self._sizes, self._judged = [], [], (0, None, None, False)
+        self._measure(kept)
+        self._fresh = bool(kept)  # the next segment's boundaries, still to be chosen from
         return segment
 
     def _next_cut(self, final: bool) -> tuple[int, Trigger] | None:
@@ -161,10 +163,11 @@ class Segmenter:
         if self._index == 0 and (opener := self._opener(final)) is not None:
             return opener, "starter"
         cap = self.config.max_span_chars
-        found, self._scanned, self._fenced = scan(text, self._start, self._scanned, final, cap, self._fenced)
+        found, self._scanned, self._fenced = scan(text, self._scanned, final, cap, self._fenced)
         self._measure(found)
-        if not (found or final):
+        if not (found or self._fresh or final):
             return None  # no new boundary: the choice would be the same as last time
+        self._fresh = False
         cut = self._choose_main(self._cuts) if self._index else self._choose_starter(self._cuts)
         if cut and final and (len(text[cut[0] :].strip()) < self.config.min_chars or not speakable(text[cut[0] :])):
             return None  # a short or unspeakable tail joins the final segment instead of standing alone
