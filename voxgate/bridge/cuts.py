@@ -395,8 +395,9 @@ def classify(text: str, i: int, end: int) -> Gap | None:
         return None  # "the" | "museum", "to" | "the"
     if core[-1:].isdigit() and _CLOCK.match(text, end):
         return None
-    if IDEOGRAPH.search(text, _CLAUSE_TAIL.search(text, max(i - 24, 0), i).start(), i):
-        return None  # Latin terms inside Chinese text stay whole (Chinese earlier in the clause)
+    clause = _CLAUSE_TAIL.search(text, max(i - 24, 0), i).start()
+    if IDEOGRAPH.search(text, clause, i) or (clause > 0 and text[clause - 1] in "。！？，、；："):
+        return None  # Latin terms inside Chinese text stay whole (Chinese earlier in the clause, or its mark)
     return Gap.WORD
 
 
