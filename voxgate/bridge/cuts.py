@@ -88,6 +88,7 @@ _NUMBER_PREFIX = "(+$€£¥#-−~≈<>"  # "(800)", "+1", "$5", "~3": a number 
 _BRACKETS = {"(": ")]}", "[": ")]}", "{": ")]}", "（": "）", "【": "】"}
 _QUOTES = {"「": "」", "『": "』", "《": "》", "〈": "〉"}  # CJK titles and quotes (“加油” is a jieba word)
 _QUOTE_SPAN = 16  # a quote protected whole: a word or a title
+_WORD_TAIL = re.compile(r"\S*$")  # the word that ends where the search ends
 _CLAUSE_TAIL = re.compile(r"[^.!?…。！？,;:，、；：—\n]*$")  # the text after the last mark
 _CLOCK = re.compile(r"[ap]\.m\.|[ap]m\b", re.I)  # "5 p.m.", "9 am": the time stays with its number
 _LIST_MARKER = re.compile(r"\d{1,3}[.)]|[-*+•]|#{1,6}")
@@ -354,9 +355,7 @@ def _cjk_gap(text: str, p: int, final: bool) -> Gap | bool | None:
 def classify(text: str, i: int, end: int) -> Gap | None:
     """What kind of boundary the gap text[i:end] (whitespace or nothing) is, if any."""
     spaced, after = i < end, text[end]
-    word_start = i
-    while word_start > max(i - LOOKBACK, 0) and not text[word_start - 1].isspace():
-        word_start -= 1
+    word_start = _WORD_TAIL.search(text, max(i - LOOKBACK, 0), i).start()
     word = text[word_start:i]
     if not word:
         return None  # whitespace opening the stream
