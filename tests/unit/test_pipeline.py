@@ -72,6 +72,20 @@ def test_segments_are_spoken_in_order_and_the_next_one_is_synthesised_early():
         assert synth.log.index(("open", text)) < last_chunk[previous]
 
 
+def test_a_segment_with_nothing_to_say_costs_no_engine_call():
+    synth = Synth()
+
+    async def run() -> ReplyPipeline:
+        pipeline = ReplyPipeline(synth)
+        async for _segment, _chunk in pipeline.run(_deltas("Great job on the release today! 🎉🎉🎉", pause=None)):
+            pass
+        return pipeline
+
+    pipeline = asyncio.run(run())
+    assert [text for what, text in synth.log if what == "open"] == ["Great job", "on the release today!"]
+    assert pipeline.stats.unspeakable == 1 and pipeline.stats.segments == 2
+
+
 def test_cancel_stops_within_a_chunk_and_reports_what_was_spoken():
     synth = Synth()
 
