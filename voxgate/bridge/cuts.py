@@ -10,9 +10,12 @@ so the segments are the same however the text is split into deltas, and the cost
 does not grow with the text before it.
 
 No cut falls inside:
-- numbers, times and dates (3.14, 1,000, 12:30, 9：00, 5 p.m.), URLs, e-mail addresses, paths;
-- a number and the word before it ("Python 3.10", "USD 1,299", "No. 3", "+1 (800) 555-0199"),
-  or around an operator ("p = 0.31", "n ≥ 30");
+- numbers, times and dates (3.14, 1,000, 12:30, 9：00, 5 p.m., "June 28, 1919", "Thu., Oct.
+  10"), URLs, e-mail addresses, paths;
+- a number and the word before or after it ("Python 3.10", "USD 1,299", "No. 3", "+1 (800)
+  555-0199", "149.6 million", "180 °C"), or around an operator ("p = 0.31", "n ≥ 30");
+- a phrase left hanging: no cut after "the", "to", "of", "is" and the like ("I think the" |
+  "best approach"), nor between two capitalised words of a name ("Bright Electronics Inc.");
 - an abbreviation and the word after it ("Ph.D. in", "Nov. 26", "Dr. Lee", "Ave. between"):
   the lexicons are pysbd's (a maintained rule-based sentence splitter, pinned). Running pysbd
   itself on the stream was measured first and is not usable here: ~30 ms per 200-character
@@ -22,15 +25,18 @@ No cut falls inside:
   microseconds. pysbd's own context rules are not reproduced: it needs the whole sentence;
 - an inline list marker and its item ("options: 1. restart the router, or 2. reinstall");
 - short markup and bracketed spans: `code`, **bold**, [text](url), (a + b), [0, 1), short
-  quotes ("carpe diem", “加油”). An opener whose closer does not come within `max_span`
+  CJK quotes and titles (「…」, 《…》). An opener whose closer does not come within `max_span`
   characters is plain text: it holds the cut for a few words at most, never the reply. A
   `**` after a letter or digit is an operator (2**8), not bold; a ``` fence is not a span
   (code blocks are cut at their line breaks);
 - a CJK word: a cut between two Chinese characters falls only at a word boundary of jieba
-  (`rjieba`, jieba's Rust port: ~3 us per 10-character window) and never leaves one or two
+  (`rjieba`, jieba's Rust port: ~3 us per 10-character window; “加油” is one word), preferably
+  where a phrase ends (after 的/了/吗..., before 和/是/我/这个...: `Gap.CHAR`; other word
+  boundaries are `Gap.LEXICAL`, a last resort), never before 的/了, and never leaving one or two
   characters before a punctuation mark ("见面可以" | "吗？"). Japanese (any kana nearby) is cut
-  only where hiragana meets kanji or katakana, the start of the next phrase: jieba has no
-  Japanese dictionary and a Japanese analyser (MeCab + a dictionary) costs ~50 MB;
+  only after a particle (は が を に で も へ) before kanji or katakana, else (not after の, と,
+  お...) as a last resort: jieba has no Japanese dictionary and a Japanese analyser (MeCab + a
+  dictionary) costs ~50 MB;
 - a Latin term inside Chinese text, and the marks of a symbol standing alone ("like ! or #").
 """
 
