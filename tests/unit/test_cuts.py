@@ -4,6 +4,8 @@ names the text that must stay in one segment. The written corpus check is the la
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from voxgate.bridge.corpus import check_corpus, load_replies, make_replies, split_reply
@@ -208,3 +210,26 @@ def test_the_generated_corpus_has_no_failure_at_all():
     report = check_corpus(make_replies(n_en=60, n_zh=60, seed=3), seed=2, openers=DEFAULT_STARTERS)
     keys = (*FAILURES, "protected_splits")
     assert {key: report[key] for key in keys} == dict.fromkeys(keys, 0), report["failures"][:3]
+
+
+_TRICKY = [
+    *"ab Z1.,!?;:—…。，！？、「」《》“”\"'()[]{}*`_#-+=<>^$€%°\n\t ",
+    *"根据国家统计局的了吗好嗯東京からはにを서울대학교는 🎉",
+    "**", "```", "Mr.", "Ph.D.", "No. ", "e.g. ", "et al.", "9：00", "+1 (800) ", "p = ", "Sure.", "Okay...",
+    "http://x.y/z?q=1 ", " Inc.", "June 28, ", "Thu., ", " 5 p.m.", " et ", "Bright E", " Jr.,", " The ", " I ",
+]  # fmt: skip
+
+
+def test_hostile_text_segments_the_same_however_it_is_split():
+    """Every rule that reads past the character after a gap must wait for it: seeded random
+    text from the characters the rules care about, split at random, against the whole text."""
+    rng = random.Random(20261127)
+    for _ in range(400):
+        text = "".join(rng.choice(_TRICKY) for _ in range(rng.randint(0, 200)))
+        openers = DEFAULT_STARTERS if rng.random() < 0.5 else ()
+        pieces = Segmenter(openers=openers)
+        sizes = [rng.randint(1, 6) for _ in range(20)]
+        out = [s for d in split_reply(text, sizes) for s in pieces.push(d)] + pieces.flush()
+        whole = Segmenter(openers=openers)
+        assert out == whole.push(text) + whole.flush(), repr(text)
+        assert "".join(s.raw for s in out) == text or not text.strip()

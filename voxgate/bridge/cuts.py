@@ -94,6 +94,7 @@ _NUMBER_PREFIX = "(+$€£¥#-−~≈<>"  # "(800)", "+1", "$5", "~3": a number 
 _BRACKETS = {"(": ")]}", "[": ")]}", "{": ")]}", "（": "）", "【": "】"}
 _QUOTES = {"「": "」", "『": "』", "《": "》", "〈": "〉"}  # CJK titles and quotes (“加油” is a jieba word)
 _QUOTE_SPAN = 16  # a quote protected whole: a word or a title
+_LETTERS = re.compile("[A-Za-z]*")
 _WORD_TAIL = re.compile(r"\S*$")  # the word that ends where the search ends
 _CLAUSE_TAIL = re.compile(r"[^.!?…。！？,;:，、；：—\n]*$")  # the text after the last mark
 _CLOCK = re.compile(r"[ap]\.m\.|[ap]m\b", re.I)  # "5 p.m.", "9 am": the time stays with its number
@@ -307,15 +308,15 @@ def _pending_after_space(text: str, i: int, end: int) -> bool:
     become "5 p.m.", "+" or "(" may open a number, "Acme I" may become "Acme Inc."."""
     if end + 1 >= len(text) and end < len(text) and text[end] in _NUMBER_PREFIX:
         return True
-    if end + 6 > len(text) and "et al.".startswith(text[end:]):
+    n = len(text)
+    if end + 6 > n and "et al.".startswith(text[end:]):
         return True  # "Wang e" may become "Wang et al."
-    head = text[end : end + 5]
-    if (
-        head[:1].isupper()
-        and len(head) < 5
-        and head.isalpha()
-        and any(s.startswith(head.lower()) for s in _AFTER_NAMES)
-    ):
+    if text[i - 2 : i] == "et" and (i < 3 or text[i - 3].isspace()) and end + 3 > n and "al.".startswith(text[end:]):
+        return True  # "Wang et a" may become "Wang et al."
+    if text[end].isupper() and end + 2 > n:
+        return True  # "Bright E" may become "Bright Electronics" (a name), or "Bright E." (not)
+    letters = _LETTERS.match(text, end).group()
+    if end + len(letters) == n and letters[:1].isupper() and any(w.startswith(letters.lower()) for w in _AFTER_NAMES):
         return True  # "Inc" may still become "Inc."
     tail = text[end : end + 5]
     return (
@@ -394,7 +395,13 @@ def classify(text: str, i: int, end: int) -> Gap | None:
         return None  # "Wang et al."
     if _name_suffix(text, end):
         return None  # "Electronics Inc.", "Smith v. Jones"
-    if core[:1].isupper() and after.isupper() and core.isalpha() and text[end : end + 2].isalpha():
+    if (
+        core[:1].isupper()
+        and after.isupper()
+        and core.isalpha()
+        and len(name := text[end : end + 2]) == 2
+        and name.isalpha()
+    ):
         return None  # a name: "Bright Electronics", "Martin Luther King" (not "I" or "A")
     if core.lower() in _HANGING:
         return None  # "the" | "museum", "to" | "the"
@@ -407,9 +414,10 @@ def classify(text: str, i: int, end: int) -> Gap | None:
 
 
 def _name_suffix(text: str, end: int) -> bool:
-    word = text[end : end + 5].split(maxsplit=1)[0] if text[end : end + 1].strip() else ""
-    letters = word.rstrip(".,")
-    return letters.lower() in _AFTER_NAMES and letters != word and letters[:1].isupper()
+    """The next word is one written after a name, with its dot or comma: "Inc.", "Jr.,"."""
+    letters = _LETTERS.match(text, end).group()
+    follows = text[end + len(letters) : end + len(letters) + 1]
+    return letters[:1].isupper() and letters.lower() in _AFTER_NAMES and follows in (".", ",")
 
 
 def _date_comma(text: str, word_start: int, core: str, after: str) -> bool:
