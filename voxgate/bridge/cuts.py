@@ -168,6 +168,11 @@ def speakable(text: str) -> bool:
     return any(ch.isalnum() for ch in text)
 
 
+def skip_space(text: str, i: int) -> int:
+    """The end of the whitespace run at `i`."""
+    return _skip(text, i, None)
+
+
 def _skip(text: str, i: int, chars: str | None) -> int:
     """The end of the run at `i` of characters in `chars` (None: whitespace)."""
     while i < len(text) and (text[i].isspace() if chars is None else text[i] in chars):

@@ -46,7 +46,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from voxgate.bridge.cuts import Cut, Gap, scan, speakable, width
+from voxgate.bridge.cuts import CLAUSE, SENTENCE, Cut, Gap, scan, skip_space, speakable, width
 from voxgate.text import count_units, is_cjk_char, split_units
 
 Kind = Literal["starter", "main", "final"]
@@ -108,7 +108,7 @@ class Segmenter:
     def __init__(self, config: SegmenterConfig | None = None, openers: Iterable[str] = ()) -> None:
         self.config = config or SegmenterConfig()
         stripped = (phrase.strip() for phrase in openers)
-        usable = {p for p in stripped if len(p) >= self.config.min_chars and p[-1] in _ENDS}
+        usable = {p for p in stripped if len(p) >= self.config.min_chars and p[-1] in SENTENCE + CLAUSE}
         self.openers = sorted(usable, key=lambda p: (-len(p), p))  # the longest match first
         self.reset()
 
@@ -175,15 +175,15 @@ class Segmenter:
 
     def _opener(self, final: bool) -> int | None:
         """The end of a cached opener that the reply begins with, if certain."""
-        text, lead = self._text, _skip_space(self._text, self._start)
+        text, lead = self._text, skip_space(self._text, self._start)
         for phrase in self.openers:
             if text.startswith(phrase, lead):
                 end = lead + len(phrase)
-                if phrase[-1] in _CLAUSE_ENDS:
+                if phrase[-1] in CLAUSE:
                     return end
                 if end == len(text):
                     return end if final else None
-                return None if text[end] in _ENDS else end  # "Okay." but not "Okay..."
+                return None if text[end] in SENTENCE + CLAUSE else end  # "Okay." but not "Okay..."
         return None
 
     def _segment(self, cut: Cut) -> str:
@@ -239,7 +239,7 @@ class Segmenter:
         first cut after it: wider, never a fragment. Resumes at the first cut not yet judged."""
         cfg, text = self.config, self._text
         max_width = cfg.second_max_width if self._index == 1 else cfg.main_max_width
-        lead = _skip_space(text, self._start) - self._start
+        lead = skip_space(text, self._start) - self._start
         judged, clause, weak, punctuated = self._judged  # punctuated: the CJK length cut is for text without any
         for k in range(judged, len(cuts)):
             cut, size = cuts[k], self._sizes[k]
@@ -278,13 +278,3 @@ def _trailing_space(text: str, start: int, end: int) -> int:
     while i > start and text[i - 1].isspace():
         i -= 1
     return end - i
-
-
-_ENDS = ".!?…。！？,;:，、；：—"
-_CLAUSE_ENDS = ",;:，、；：—"
-
-
-def _skip_space(text: str, i: int) -> int:
-    while i < len(text) and text[i].isspace():
-        i += 1
-    return i
