@@ -29,24 +29,31 @@ def _prompts(ck, stream_text=False):
     return [builder.build(t, speaker=s, language="English", stream_text=stream_text) for t, s in pairs]
 
 
-def _run(decoder, prompts, params, joins, frames, seeds=(0, 0, 0)):
-    """Admit prompt i into row i at step joins[i]; step until each has `frames` frames."""
+def _run(decoder, prompts, params, joins, frames, seeds=(0, 0, 0), holds=None):
+    """Admit prompt i into row i at step joins[i]; step until each has `frames` frames.
+    `holds` {i: steps}: at those steps stream i is held (in the bucket, not moving)."""
+    holds = holds or {}
     codes = {i: [] for i in range(len(prompts))}
     pcm = {i: [] for i in range(len(prompts))}
-    for step in range(max(joins) + frames):
+    taken = dict.fromkeys(range(len(prompts)), 0)
+    step = 0
+    while any(n < frames for n in taken.values()):
         for i, join in enumerate(joins):
             if join == step:
                 decoder.admit(i, prompts[i], params, seeds[i])
-        live = [i for i, join in enumerate(joins) if join <= step < join + frames]
-        if not live:
-            continue
-        result = decoder.step(max(live) + 1 if max(live) + 1 in decoder.buckets else 4, live)
-        for i in live:
-            codes[i].append(torch.from_numpy(result.codes[i]))
-            pcm[i].append(result.pcm[i])
-        for i, join in enumerate(joins):
-            if step == join + frames - 1:
-                decoder.release(i)
+        started = [i for i, join in enumerate(joins) if join <= step and taken[i] < frames]
+        if started:
+            for i in started:
+                decoder.hold(i, step in holds.get(i, ()))
+            live = [i for i in started if step not in holds.get(i, ())]
+            result = decoder.step(next(b for b in decoder.buckets if b > max(started)), live)
+            for i in live:
+                codes[i].append(torch.from_numpy(result.codes[i]))
+                pcm[i].append(result.pcm[i])
+                taken[i] += 1
+                if taken[i] == frames:
+                    decoder.release(i)
+        step += 1
     return codes, pcm
 
 
@@ -73,6 +80,28 @@ def test_a_row_reused_by_a_new_stream_starts_clean(ours):
     codes, _ = _run(decoder, prompts[1:2], params, joins=[0], frames=6)  # row 0 again
     alone = torch.stack(list(generate_codes(ck.talker, prompts[1], params)))[:6]
     assert torch.equal(torch.stack(codes[0]), alone)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_held_row_resumes_exactly_where_it_stopped(ours, sampled):
+    """Holding streams (the runner's deadline rule) must not change a note of their audio:
+    held at any step, right after their prefill, or all at once, each stream draws the codes
+    and decodes the PCM it gets never held, and the others are not disturbed."""
+    ck = ours["cv06"]
+    if sampled:  # repetition penalty on: a held row must not record the code it did not take
+        params = SamplingParams(max_new_tokens=40, min_new_tokens=40, top_p=0.9, repetition_penalty=1.3)
+    else:
+        params = SamplingParams.greedy(max_new_tokens=40, min_new_tokens=40)
+    prompts = _prompts(ck)
+    decoder = BatchDecoder(ck.talker, ck.codec, slots=4, capacity=128, sampling=params)
+    seeds = (5, 6, 7)
+    plain_codes, plain_pcm = _run(decoder, prompts, params, joins=[0, 1, 2], frames=9, seeds=seeds)
+    holds = {0: {1, 2, 5, 6, 7}, 1: {1, 4, 5}, 2: {2, 3, 5, 9}}  # step 5: every row held
+    held_codes, held_pcm = _run(decoder, prompts, params, joins=[0, 1, 2], frames=9, seeds=seeds, holds=holds)
+    for i in range(3):
+        assert torch.equal(torch.stack(held_codes[i]), torch.stack(plain_codes[i])), f"stream {i}"
+        np.testing.assert_allclose(np.concatenate(held_pcm[i]), np.concatenate(plain_pcm[i]), atol=1e-5)
+    assert decoder.held == set()
 
 
 def test_sampled_rows_follow_their_own_seed_whatever_else_is_in_the_batch(ours):

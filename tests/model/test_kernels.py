@@ -148,11 +148,16 @@ def test_fused_sampler_applies_the_talker_processors_and_adds_the_text_row():
         torch.zeros(b, h, device=DEVICE),
     )
     marked = seen.clone()
+    held = next(r for r in range(b) if not seen[r, expected[r]])  # its draw would be news to its history
+    moving = torch.ones(b, dtype=torch.long, device=DEVICE)
+    moving[held] = 0  # held: its history stays as it was
     fs.sample_codes(logits, noise[:, 0], settings, width, False, codes, table, None, frame, fs.FRAME_SET,
-                    talker=fs.TalkerScores(marked, penalty, draws, min_new, control, eos),
+                    talker=fs.TalkerScores(marked, penalty, draws, min_new, control, eos, moving),
                     text=fs.TextRows(trailing, length, draws, pad, out))  # fmt: skip
     assert torch.equal(codes, expected) and torch.equal(frame, table[expected])
-    assert torch.equal(marked, seen.scatter(1, expected[:, None], True))
+    recorded = seen.scatter(1, expected[:, None], True)
+    recorded[held] = seen[held]
+    assert torch.equal(marked, recorded)
     rows = trailing[torch.arange(b, device=DEVICE), draws.clamp(max=5)]
     text = torch.where((draws < length)[:, None], rows, pad)
     assert torch.equal(out, table[expected] + text)

@@ -10,6 +10,12 @@ PCM samples with each row's incremental codec state. All of it is one CUDA graph
 once per step. Rows not in use still compute (on stale inputs) but never move or write
 outside their own row.
 
+A row can be *held* (`hold`): it stays in the batch but does not move. Everything a step keeps
+(the talker's position, hidden state and logits, the repetition history, the codec's state
+and position) is written for moving rows only, and a held row's draw is counter-based on the
+frame it has not taken yet, so a stream's audio is the same however often it was held. The
+runner holds streams far ahead of their listener (`runner.py`: the deadline rule).
+
 Randomness is counter-based (a hash of seed, frame and column, see `hashed_uniform`), so a
 stream's draws do not depend on the other streams in the batch, and nothing is drawn on
 the host. Prefills run eagerly (variable length), one row at a time, between steps.
@@ -116,7 +122,7 @@ class BatchDecoder:
         # Per-row decode state.
         self.position = torch.zeros(s, dtype=torch.long, **z)  # the talker position the next step writes
         self.draws = torch.zeros(s, dtype=torch.long, **z)  # frames drawn so far
-        self.active = torch.zeros(s, dtype=torch.long, **z)  # 1 while a stream holds the row
+        self.active = torch.zeros(s, dtype=torch.long, **z)  # 1 while the row's stream moves (not held, not free)
         self.hidden = torch.zeros(s, h, dtype=self.dtype, **z)
         self.logits = torch.zeros(s, v, dtype=torch.float32, **z)
         self.seen = torch.zeros(s, v, dtype=torch.bool, **z)  # codes drawn so far (repetition penalty)
@@ -157,6 +163,7 @@ class BatchDecoder:
             self._talker_in = torch.zeros(s, h, dtype=self.dtype, **z)  # that plus the text: the talker's input
         # Host-side mirror of each row's position (to pick the attention length without a sync).
         self.host_position = [0] * s
+        self.held: set[int] = set()  # rows kept still (`hold`)
         self.prefiller = Prefiller(talker, self.cache, self.hidden, self.logits, use_graphs)
         self._host: dict[tuple[bool, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.stats = GraphStats()
@@ -184,8 +191,9 @@ class BatchDecoder:
             with torch.cuda.stream(side):
                 self._decode(b, codes)
         hidden, logits = talker.step(embeds[:, None], self.cache.view(slice(0, b), length), self.position[:b])
-        self.hidden[:b].copy_(hidden)
-        self.logits[:b].copy_(logits)
+        moving = self.active[:b, None] != 0  # a held row keeps the logits of the frame it has not drawn
+        self.hidden[:b].copy_(torch.where(moving, hidden, self.hidden[:b]))
+        self.logits[:b].copy_(torch.where(moving, logits, self.logits[:b]))
         self.position[:b] += self.active[:b]
         self.draws[:b] += self.active[:b]
         if side is None:
@@ -195,7 +203,7 @@ class BatchDecoder:
 
     def _decode(self, b: int, codes: torch.Tensor) -> None:
         audio = codes.clamp(max=self.codec.config.codebook_size - 1)[:, :, None]  # EOS rows decode a stand-in
-        self.out_pcm[:b].copy_(self.codec.run(audio, self.codec_state.rows(b)))
+        self.out_pcm[:b].copy_(self.codec.run(audio, self.codec_state.rows(b, self.active[:b])))
 
     def _draw(self, b: int, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The frame's 16 codes for every row (into `out_codes`) and the talker's next input
@@ -205,7 +213,8 @@ class BatchDecoder:
             self.logits[:b], self.seen[:b], self.penalty[:b], self.draws[:b] < self.min_new[:b], self.eos, self.control
         )
         code0 = self._sample(scores, noise[:, 0], b, predictor=False)
-        self.seen[:b].scatter_(1, code0[:, None], True)
+        marked = self.seen[:b].gather(1, code0[:, None]) | (self.active[:b, None] != 0)  # held rows: unchanged
+        self.seen[:b].scatter_(1, code0[:, None], marked)
         codes = self._predict_rest(b, code0, noise)
         self.out_codes[:b].copy_(codes)
         rows = torch.arange(b, device=self.device)
@@ -221,7 +230,7 @@ class BatchDecoder:
         main = RowSettings(self.do_sample[:b], self.temperature[:b], self.top_k[:b], self.top_p[:b])
         sub = RowSettings(self.sub_do_sample[:b], self.sub_temperature[:b], self.sub_top_k[:b], self.sub_top_p[:b])
         scores = TalkerScores(self.seen[:b], self.penalty[:b], self.draws[:b], self.min_new[:b], self.control,
-                              self.eos_id)  # fmt: skip
+                              self.eos_id, self.active[:b])  # fmt: skip
         table = talker.model.codec_embedding.weight
         sample_codes(self.logits[:b], noise[:, 0], main, width, nucleus, codes[:, 0], table, first[:, 1], frame,
                      FRAME_SET, talker=scores)  # fmt: skip
@@ -385,6 +394,7 @@ class BatchDecoder:
                                          self.penalty]):  # fmt: skip
             buffer.index_copy_(0, rows, f[:, column].reshape(-1, *buffer.shape[1:]))
         self.seen.index_fill_(0, rows, False)
+        self.held.difference_update(a.row for a in admissions)
         self.pad.copy_(admissions[0].prompt.pad[0])
         for a in admissions:
             text = a.prompt.trailing[0, : self.max_text_rows]
@@ -393,7 +403,20 @@ class BatchDecoder:
 
     def release(self, row: int) -> None:
         """The row's stream ended: it stops moving (its slot is free for the next admit)."""
+        self.held.discard(row)
         self.active[row] = 0
+
+    def hold(self, row: int, held: bool) -> None:
+        """Keep a running row still in the steps from now on (`held`), or let it move again.
+        A held row inside a step's bucket computes on its unchanged state and keeps none of
+        it; its outputs in that step mean nothing (the caller does not hand them out)."""
+        if held == (row in self.held):
+            return
+        if held:
+            self.held.add(row)
+        else:
+            self.held.discard(row)
+        self.active[row] = 0 if held else 1
 
     def frame_room(self, prompt_length: int) -> int:
         """How many frames a prompt of this length can draw before its row's cache is full
@@ -401,7 +424,7 @@ class BatchDecoder:
         return self.capacity - prompt_length - 2
 
     def step(self, b: int, rows: list[int]) -> StepResult:
-        """One frame for rows 0..b-1 (`rows`: those in use, to size the attention span)."""
+        """One frame for the moving rows among 0..b-1 (`rows`: those, to size the attention span)."""
         return self.launch(b, rows).result()
 
     @torch.inference_mode()

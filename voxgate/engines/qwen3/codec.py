@@ -62,12 +62,15 @@ class DecoderState:
     """What the decoder remembers between packets; `DecoderState()` is a fresh stream.
 
     A *static* state (see `freeze`) keeps every tensor in a fixed buffer updated in place and
-    the frame position on the device, so a decode call can be captured as a CUDA graph.
+    the frame position on the device, so a decode call can be captured as a CUDA graph. A
+    batched view (`rows`) may carry `moving`, one flag per row: rows whose flag is 0 keep their
+    state and position through the decode (a held stream, see `batch.py`).
     """
 
     position: int = 0
     tensors: dict[str, Any] = field(default_factory=dict)
     position_t: torch.Tensor | None = None  # set by freeze(): the position as a device tensor
+    moving: torch.Tensor | None = None  # (rows,) 0/1 on a batched view: which rows a decode advances
 
     def put(self, key: str, value: Any) -> None:
         held = self.tensors.get(key) if self.position_t is not None else None
@@ -75,9 +78,22 @@ class DecoderState:
             self.tensors[key] = value
         elif isinstance(held, tuple):
             for buffer, new in zip(held, value, strict=True):
-                buffer.copy_(new)
+                self._store(buffer, new)
         else:
-            held.copy_(value)
+            self._store(held, value)
+
+    def _store(self, buffer: torch.Tensor, new: torch.Tensor) -> None:
+        if self.moving is None:
+            buffer.copy_(new)
+        else:
+            keep = (self.moving != 0).view(-1, *(1,) * (new.dim() - 1))
+            buffer.copy_(torch.where(keep, new, buffer))
+
+    def advance(self, frames: int) -> None:
+        """The position after a decode of `frames` frames (rows not moving stay where they are)."""
+        self.position += frames
+        if self.position_t is not None:
+            self.position_t.add_(frames if self.moving is None else self.moving * frames)
 
     def copy(self) -> DecoderState:
         """An independent (non-static) copy, e.g. of a voice's cached reference pre-roll."""
@@ -115,11 +131,12 @@ class DecoderState:
             self.position_t = torch.zeros(batch, dtype=torch.long, device=device)
             self.reset()
 
-    def rows(self, n: int) -> DecoderState:
-        """A static state over the first `n` rows of this one (views: the same buffers)."""
+    def rows(self, n: int, moving: torch.Tensor | None = None) -> DecoderState:
+        """A static state over the first `n` rows of this one (views: the same buffers); with
+        `moving` (n,), a decode through it advances only the rows flagged 1."""
         assert self.position_t is not None and self.position_t.dim() == 1
         tensors = {k: tuple(t[:n] for t in v) if isinstance(v, tuple) else v[:n] for k, v in self.tensors.items()}
-        return DecoderState(0, tensors, self.position_t[:n])
+        return DecoderState(0, tensors, self.position_t[:n], moving)
 
     @torch.inference_mode()
     def start_row(self, row: int, context: DecoderState | None = None) -> None:
@@ -506,7 +523,5 @@ class CodecDecoder(nn.Module):
             h = convnext(trans(h, state), state)
         for layer in self.decoder:
             h = layer(h, state)
-        state.position += codes.shape[-1]
-        if state.position_t is not None:
-            state.position_t.add_(codes.shape[-1])
+        state.advance(codes.shape[-1])
         return h[:, 0].clamp(-1.0, 1.0)

@@ -46,8 +46,9 @@ class RowSettings:
 
 @dataclass(frozen=True, slots=True)
 class TalkerScores:
-    """What `batched_talker_scores` reads: seen (B, V) bool (updated with the drawn code),
-    penalty (B, 1), draws and min_new (B,) (EOS blocked while draws < min_new), control (V,)."""
+    """What `batched_talker_scores` reads: seen (B, V) bool (updated with the drawn code
+    where `moving` (B,) is nonzero: a held row keeps its history), penalty (B, 1), draws and
+    min_new (B,) (EOS blocked while draws < min_new), control (V,)."""
 
     seen: torch.Tensor
     penalty: torch.Tensor
@@ -55,6 +56,7 @@ class TalkerScores:
     min_new: torch.Tensor
     control: torch.Tensor
     eos_id: int
+    moving: torch.Tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +79,7 @@ if triton is not None:
     def _sample_kernel(
         logits_ptr, s_logits, noise_ptr, s_noise, do_sample_ptr, temp_ptr, top_k_ptr, top_p_ptr,
         codes_ptr, s_codes, table_ptr, embed_ptr, s_embed, frame_ptr,
-        seen_ptr, penalty_ptr, draws_ptr, min_new_ptr, control_ptr, eos_id,
+        seen_ptr, penalty_ptr, draws_ptr, min_new_ptr, control_ptr, eos_id, moving_ptr,
         trailing_ptr, s_tr_b, s_tr_r, text_rows, text_len_ptr, pad_ptr, text_out_ptr,
         V, H, W: tl.constexpr,
         TALKER: tl.constexpr, NUCLEUS: tl.constexpr, EMBED: tl.constexpr, FRAME: tl.constexpr,
@@ -129,7 +131,7 @@ if triton is not None:
         code = tl.where(tl.load(do_sample_ptr + b) != 0, chosen, greedy)
         tl.store(codes_ptr + b * s_codes, code.to(tl.int64))
         if TALKER:
-            tl.store(seen_ptr + b * V + code, 1)
+            tl.store(seen_ptr + b * V + code, 1, mask=tl.load(moving_ptr + b) != 0)
         hcols = tl.arange(0, BLOCK_H)
         hmask = hcols < H
         row = tl.load(table_ptr + code.to(tl.int64) * H + hcols, mask=hmask, other=0.0)
@@ -194,7 +196,7 @@ def sample_codes(
         frame if frame is not None else unused,
         t.seen.view(torch.uint8) if t else unused, t.penalty if t else unused,
         t.draws if t else x.draws if x else unused, t.min_new if t else unused,
-        t.control.view(torch.uint8) if t else unused, t.eos_id if t else 0,
+        t.control.view(torch.uint8) if t else unused, t.eos_id if t else 0, t.moving if t else unused,
         x.trailing if x else unused, x.trailing.stride(0) if x else 0, x.trailing.stride(1) if x else 0,
         x.trailing.shape[1] if x else 1, x.length if x else unused, x.pad if x else unused,
         x.out if x else unused,
