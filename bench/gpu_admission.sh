@@ -16,12 +16,8 @@ TAG=$(echo $MODEL | sed 's/Qwen3-TTS-12Hz-//')
 RES=${RES:-$OUT}
 ROWS=${ROWS:-128}
 DURATION=${DURATION:-15}
-mkdir -p "$RES"
-python3 -m pip install -q --no-index --no-deps .gpu/wheels/*.whl 2>&1 | tail -2
-export VOXGATE_LLM_EMBEDDED=false VOXGATE_AGENT_MAX_CALLS=0
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch; print('torch', torch.__version__)"; } > $RES/machine.txt
-[ -d /tmp/ckpt-$TAG-$SEED ] || PYTHONPATH=$PWD python3 -m voxgate make-random-checkpoint --configs .gpu/qwen3-tts \
-    --model $MODEL --out /tmp/ckpt-$TAG-$SEED --seed $SEED > $RES/checkpoint-$TAG.txt 2>&1 || exit 1
+. bench/gpu_common.sh
+gpu_setup || exit 1
 env PYTHONPATH=$PWD VOXGATE_QWEN3_MODEL_DIR=/tmp/ckpt-$TAG-$SEED VOXGATE_QWEN3_DEVICE=cuda VOXGATE_QWEN3_DTYPE=bfloat16 \
     VOXGATE_QWEN3_MAX_STREAMS=$ROWS VOXGATE_QWEN3_KV_CAPACITY=${KV:-2048} VOXGATE_ENGINE=qwen3 \
     VOXGATE_MAX_STREAMS=512 VOXGATE_MAX_STREAMS_PER_CLIENT=512 VOXGATE_MAX_SESSIONS_PER_CLIENT=512 \
@@ -29,11 +25,7 @@ env PYTHONPATH=$PWD VOXGATE_QWEN3_MODEL_DIR=/tmp/ckpt-$TAG-$SEED VOXGATE_QWEN3_D
     $(for kv in ${EXTRA:-}; do printf 'VOXGATE_%s ' $kv; done) \
     python3 -m voxgate serve --port 8765 > $RES/serve-$TAG-rows$ROWS.log 2>&1 &
 SERVER=$!
-for i in $(seq 400); do
-    curl -sf localhost:8765/healthz > /dev/null && break
-    kill -0 $SERVER 2>/dev/null || { echo "server exited"; tail -30 $RES/serve-$TAG-rows$ROWS.log; exit 1; }
-    sleep 1
-done
+wait_server $SERVER $RES/serve-$TAG-rows$ROWS.log || exit 1
 curl -s localhost:8765/healthz > $RES/healthz-rows$ROWS.json
 grep -E "captured|step cost" $RES/serve-$TAG-rows$ROWS.log
 cat $RES/healthz-rows$ROWS.json; echo

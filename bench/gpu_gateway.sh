@@ -14,12 +14,8 @@ MODEL=${2:-Qwen3-TTS-12Hz-0.6B-CustomVoice}
 TAG=$(echo $MODEL | sed 's/Qwen3-TTS-12Hz-//')
 RES=${RES:-$OUT}
 SRC=${SRC:-$PWD}
-mkdir -p "$RES"
-python3 -m pip install -q --no-index --no-deps .gpu/wheels/*.whl 2>&1 | tail -2
-export VOXGATE_LLM_EMBEDDED=false VOXGATE_AGENT_MAX_CALLS=0
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch; print('torch', torch.__version__)"; echo "server tree: $SRC"; } > $RES/machine.txt
-[ -d /tmp/ckpt-$TAG-$SEED ] || PYTHONPATH=$PWD python3 -m voxgate make-random-checkpoint --configs .gpu/qwen3-tts \
-    --model $MODEL --out /tmp/ckpt-$TAG-$SEED --seed $SEED > $RES/checkpoint-$TAG.txt 2>&1 || exit 1
+. bench/gpu_common.sh
+gpu_setup || exit 1
 QWEN="QWEN3_MODEL_DIR=/tmp/ckpt-$TAG-$SEED QWEN3_DEVICE=cuda QWEN3_DTYPE=bfloat16 ${EXTRA:-}"
 if [ "${LOAD:-1}" = 1 ]; then
     (cd "$SRC" && exec env PYTHONPATH=$SRC $(for kv in $QWEN; do printf 'VOXGATE_%s ' $kv; done) \
@@ -27,11 +23,7 @@ if [ "${LOAD:-1}" = 1 ]; then
         VOXGATE_MAX_SESSIONS_PER_CLIENT=64 VOXGATE_ADMIN_KEYS=bench-admin VOXGATE_TIMINGS_KEPT=100000 \
         python3 -m voxgate serve --port 8765) > $RES/serve-$TAG.log 2>&1 &
     SERVER=$!
-    for i in $(seq 300); do
-        curl -sf localhost:8765/healthz > /dev/null && break
-        kill -0 $SERVER 2>/dev/null || { echo "server exited"; tail -30 $RES/serve-$TAG.log; exit 1; }
-        sleep 1
-    done
+    wait_server $SERVER $RES/serve-$TAG.log || exit 1
     for su in ${STARTERS:-3 0}; do
         PYTHONPATH=$PWD python3 -m voxgate load --url ws://127.0.0.1:8765/v1/tts/ws --concurrency 64 --cps 5 \
             --duration 30 --starter-units $su --admin-key bench-admin \

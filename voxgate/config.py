@@ -227,6 +227,12 @@ class Settings(BaseSettings):
     qwen3_prompt_thread: bool = Field(
         False, description="qwen3: one thread builds all requests' prompts, one GPU wait a batch (an A/B switch)."
     )
+    qwen3_lead_ms: float = Field(
+        1500.0,
+        ge=0,
+        description="qwen3 (batched): a stream played in real time with more audio than this ahead of its "
+        "listener is held while others need frames (the deadline rule); 0 turns holding off.",
+    )
 
     @field_validator("api_keys", "admin_keys", "allowed_origins", "starter_phrases", "voice_aliases", mode="before")
     @classmethod

@@ -14,7 +14,12 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class SynthesisRequest:
-    """What to say and how. Engines receive it already validated by the caller."""
+    """What to say and how. Engines receive it already validated by the caller.
+
+    `play_at` is set for audio a listener plays as it arrives (`speech/clock.py`): when the
+    first audio is needed. A batched engine serves streams by it (earliest first, and a
+    stream far ahead of its listener yields to one that is not); None means as fast as
+    possible (a whole file, a benchmark)."""
 
     text: str
     voice: str
@@ -24,6 +29,7 @@ class SynthesisRequest:
     seed: int | None = None
     priority: int = 0
     request_id: str = ""
+    play_at: float | None = None  # `time.perf_counter()` when a real-time listener needs the first audio
 
 
 @dataclass(frozen=True, slots=True)

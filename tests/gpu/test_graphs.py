@@ -153,3 +153,41 @@ def test_fused_sampler_graphs_draw_the_pytorch_samplers_seeded_codes_in_fp32(tmp
     for i in range(len(prompts)):
         assert torch.equal(torch.stack(with_kernel[i]), torch.stack(reference[i]))
     assert len({tuple(c.tolist()) for c in with_kernel[0]}) > 1  # really sampled, not one frame repeated
+
+
+def test_held_rows_in_graphs_resume_with_the_same_codes_and_audio(tmp_path):
+    """The deadline rule's hold on the GPU path (graphs, fused sampler kernel, codec beside the
+    talker, bf16, sampled with a repetition penalty): a stream held at any step, or all of them
+    at once, draws the codes and decodes the PCM it does when never held, bit for bit."""
+    ck = _checkpoint(tmp_path, dtype=torch.bfloat16)
+    builder = PromptBuilder(ck.config, ck.tokenizer, ck.talker)
+    texts = [("Held rows.", "ryan"), ("Resume exactly.", "vivian"), ("Or never held.", "serena")]
+    prompts = [builder.build(t, speaker=s) for t, s in texts]
+    params = SamplingParams(max_new_tokens=40, min_new_tokens=40, repetition_penalty=1.3)
+    decoder = BatchDecoder(ck.talker, ck.codec, slots=4, capacity=256, use_graphs=True, sampling=params)
+    assert decoder.fused_sampler
+
+    def run(holds):
+        codes, pcm = {i: [] for i in range(3)}, {i: [] for i in range(3)}
+        for i, prompt in enumerate(prompts):
+            decoder.admit(i, prompt, params, seed=10 + i)
+        step = 0
+        while any(len(codes[i]) < 16 for i in range(3)):
+            live = [i for i in range(3) if len(codes[i]) < 16 and step not in holds.get(i, ())]
+            for i in range(3):
+                decoder.hold(i, i not in live and len(codes[i]) < 16)
+            result = decoder.step(4, live)
+            for i in live:
+                codes[i].append(result.codes[i].copy())
+                pcm[i].append(result.pcm[i])
+            step += 1
+        for i in range(3):
+            decoder.release(i)
+        return codes, pcm
+
+    plain = run({})
+    held = run({0: {0, 1, 5}, 1: {2, 3, 5, 6}, 2: {5}})  # step 5: all three held
+    for i in range(3):
+        assert np.array_equal(np.stack(held[0][i]), np.stack(plain[0][i])), f"codes of stream {i}"
+        assert np.array_equal(np.concatenate(held[1][i]), np.concatenate(plain[1][i])), f"audio of stream {i}"
+    assert decoder.stats.replays > 0 and not decoder.stats.eager_fallbacks

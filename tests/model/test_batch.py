@@ -5,6 +5,7 @@ priority, busy and cancel through the engine."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.engine import Qwen3Engine
 from voxgate.engines.qwen3.generate import generate_codes
 from voxgate.engines.qwen3.prompt import PromptBuilder
+from voxgate.engines.qwen3.runner import END, Job
 from voxgate.engines.qwen3.sampling import hashed_gumbel, hashed_uniform, sample_rows
 from voxgate.types import Busy, CancelToken, SynthesisRequest
 
@@ -211,6 +213,47 @@ def test_concurrent_requests_each_get_what_they_get_alone(ours, prompt_thread):
         assert batched.runner.load() == (0, 0)
     finally:
         batched.close()
+
+
+def _job(engine, name, text, voice, play_at=None):
+    prompt = engine.prompts.build(text, speaker=voice, language="english")
+    return Job(name, prompt, engine.sampling, 1, 40, CancelToken(), play_at=play_at)
+
+
+def _frames(job):
+    frames = []
+    while (item := job.frames.get(timeout=120)) is not END:
+        assert not isinstance(item, BaseException), item
+        frames.append(item)
+    return np.concatenate(frames)
+
+
+def test_a_stream_far_ahead_of_its_listener_waits_while_one_that_is_due_runs(ours):
+    """The deadline rule end to end: submitted together, a stream needed in a quarter of an
+    hour is held for every step of a stream needed now (so that one's steps carry it alone),
+    then runs, and its audio is what it is never held."""
+    engine = _engine(ours, max_streams=2)
+    runner = engine.runner
+    try:
+        alone = _frames(_submitted(runner, _job(engine, "alone", "Far ahead.", "vivian")))
+        assert runner.stats.rows_held == 0
+        due = _job(engine, "due", "Needed right now.", "ryan")
+        ahead = _job(engine, "ahead", "Far ahead.", "vivian", play_at=time.perf_counter() + 900)
+        with runner._lock:  # both in the runner's first plan (the lock is re-entrant)
+            runner.submit(due)
+            runner.submit(ahead)
+        due_audio, ahead_audio = _frames(due), _frames(ahead)
+        assert len(due_audio) == len(alone) == 39 * 1920
+        np.testing.assert_allclose(ahead_audio, alone, atol=1e-5)
+        assert runner.stats.rows_held >= 39  # held in each of the due stream's steps
+        assert ahead.first_frame_at > due.first_frame_at
+    finally:
+        engine.close()
+
+
+def _submitted(runner, job):
+    runner.submit(job)
+    return job
 
 
 def test_cancel_frees_the_row_and_a_full_queue_says_busy(ours):

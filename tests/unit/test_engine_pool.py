@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from voxgate.speech import stream as stream_module
+from voxgate.speech.clock import PlaybackClock
 from voxgate.speech.stream import BATCH_BUDGET_S, EngineStream
 from voxgate.speech.workers import HOLD_SLACK_S, EnginePool
 from voxgate.types import AudioChunk, EngineFailure, SynthesisRequest
@@ -204,7 +205,7 @@ def test_stream_deadlines_are_now_for_the_first_chunk_then_when_the_audio_runs_o
         t0 = time.perf_counter()
         stream = EngineStream(SecondsEngine(), SynthesisRequest(text="x", voice="v", priority=50), pool)
         await stream.next()
-        t_first = stream._t_first
+        t_first = stream.clock.end - 1.0  # the clock ends a second (the first chunk) after it
         await stream.next()
         t1 = time.perf_counter()
         return pool.calls, t0, t_first, t1
@@ -216,6 +217,53 @@ def test_stream_deadlines_are_now_for_the_first_chunk_then_when_the_audio_runs_o
     assert d1 == pytest.approx(t_first + 1.0)  # the second when the first second of audio has played
     assert d2 == pytest.approx(t_first + 2.0)
     assert all(priority == 50 for _, priority in calls)
+
+
+class PlayAtEngine(SecondsEngine):
+    """Records each request's `play_at`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.play_at: list[float | None] = []
+
+    def stream(self, request, cancel):
+        self.play_at.append(request.play_at)
+        return super().stream(request, cancel)
+
+
+def test_a_sessions_later_segment_is_due_when_the_audio_before_it_runs_out():
+    """One listener, two segments: the second's first call, and the engine's `play_at`, come
+    from the listener's clock (what the transport sent), not from the segment's own start."""
+    pool, engine = RecordingPool(), PlayAtEngine()
+    clock = PlaybackClock()
+
+    async def main() -> float:
+        first = EngineStream(engine, REQUEST, pool, clock=clock)
+        while (chunk := await first.next()) is not None:
+            clock.add(chunk.duration_s, time.perf_counter())  # the transport sends it
+        assert clock.sent_s == 3.0
+        later = EngineStream(engine, REQUEST, pool, clock=clock)
+        await later.next()
+        later.cancel("done")
+        return clock.end
+
+    end = asyncio.run(main())
+    first_play_at, later_play_at = engine.play_at
+    assert first_play_at is not None and first_play_at <= pool.calls[0][0] + 1e-9  # a new utterance: due now
+    second_call = pool.calls[4]  # three chunks and the end of the first stream, then the second's first call
+    assert pool.opens[4] and second_call[0] == pytest.approx(later_play_at)
+    assert later_play_at == end and end >= first_play_at + 3.0  # 3 s sent: due when they have played
+
+
+def test_the_playback_clock_waits_through_gaps():
+    clock = PlaybackClock()
+    assert clock.due(5.0) == 5.0 and clock.buffered(5.0) == 0.0
+    clock.add(2.0, 10.0)
+    clock.add(1.0, 10.5)  # queued behind the first piece
+    assert clock.end == 13.0 and clock.due(11.0) == 13.0 and clock.buffered(11.0) == 2.0
+    assert clock.due(20.0) == 13.0  # starved: it was needed at 13
+    clock.add(1.0, 20.0)  # after the gap, playback goes on from now
+    assert clock.end == 21.0 and clock.buffered(25.0) == 0.0 and clock.sent_s == 4.0
 
 
 def test_a_new_streams_first_chunk_goes_before_a_buffered_streams_next_one():

@@ -90,3 +90,50 @@ def test_queue_time_and_errors():
     s.finish("a")
     with pytest.raises(NotFound):
         s.position("a")
+
+
+def test_among_equal_priorities_the_stream_needed_soonest_is_admitted_first():
+    s = Scheduler(max_running=1, max_prefills_per_step=1)
+    s.add("running")
+    s.plan()
+    s.add("later-segment", now=10.0, due=14.0)  # its listener has 4 s of audio left
+    s.add("new-utterance", now=11.0)  # due when it arrives
+    s.add("no-deadline", now=12.0)
+    s.add("detached", priority=-10, now=9.0, due=9.0)  # lower priority goes last whatever its deadline
+    assert [s.position(i) for i in ("new-utterance", "no-deadline", "later-segment", "detached")] == [0, 1, 2, 3]
+    s.finish("running")
+    assert s.plan().prefill == (("new-utterance", 0),)
+    s.cancel("later-segment")  # a queue place found by its key and removed
+    assert s.position("detached") == 1
+
+
+def test_the_deadline_rule_holds_streams_far_ahead_only_while_another_is_due():
+    s = Scheduler(max_running=8, max_prefills_per_step=8)
+    for name in "abcd":
+        s.add(name)
+    s.plan()  # a..d in rows 0..3
+    lead = 1.5
+    plan = s.plan({"a": 0.2, "b": 9.0, "c": 3.0, "d": 9.0}, lead)
+    assert plan.decode == (("a", 0),) and plan.held == (("b", 1), ("c", 2), ("d", 3))
+    assert plan.bucket == 1  # the held high rows are not computed at all
+    # A stream with no clock (absent: not played in real time) is always due.
+    plan = s.plan({"a": 9.0, "b": 9.0, "c": 9.0}, lead)
+    assert [i for i, _ in plan.decode] == ["d"] and plan.bucket == 4
+    # Every stream ahead: nobody is held (the step is spare capacity).
+    plan = s.plan({"a": 9.0, "b": 9.0, "c": 9.0, "d": 2.0}, lead)
+    assert plan.held == () and len(plan.decode) == 4
+    # Exactly at the lead counts as due.
+    assert [i for i, _ in s.plan({"a": 1.5, "b": 1.6, "c": 9.0, "d": 9.0}, lead).decode] == ["a"]
+    # No clocks, or an infinite lead: the rule is off.
+    assert s.plan().held == () and s.plan({"a": 9.0, "b": 0.0}, float("inf")).held == ()
+
+
+def test_nobody_is_held_while_streams_wait_for_a_row():
+    s = Scheduler(max_running=2, max_prefills_per_step=2)
+    for name in "abc":
+        s.add(name)
+    plan = s.plan({"a": 0.0, "b": 9.0}, 1.5)
+    assert s.waiting == 1 and plan.held == ()  # holding b would keep c waiting longer
+    s.finish("a")
+    plan = s.plan({"b": 9.0, "c": 0.0}, 1.5)  # c takes the free row; nothing waits now
+    assert plan.prefill == (("c", 0),) and plan.decode == (("c", 0),) and plan.held == (("b", 1),)

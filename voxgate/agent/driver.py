@@ -34,6 +34,7 @@ from voxgate.agent.vad import VAD_RATE, StreamingVad
 from voxgate.bridge.llm import Conversation, LLMClient
 from voxgate.bridge.pipeline import ChunkStream, ReplyPipeline
 from voxgate.bridge.segmenter import Segment, Segmenter
+from voxgate.speech.clock import PlaybackClock
 from voxgate.speech.stream import EngineStream
 from voxgate.types import SynthesisRequest, VoxgateError
 
@@ -192,6 +193,7 @@ class CallDriver:
             return
         engine = self.state.require_engine()
         voice = self.state.voice_plan(None, "pcm", None, None).request
+        clock = PlaybackClock()  # the caller's: the reply's audio as it is queued for the call
 
         def synthesise(segment: Segment) -> ChunkStream:
             self._handle(fsm.SegmentStarted(trace, segment.index, segment.text, at=time.perf_counter()))
@@ -200,7 +202,7 @@ class CallDriver:
             )
 
             def engine_stream(text: str) -> ChunkStream:
-                return EngineStream(engine, replace(request, text=text), self.state.engine_pool)
+                return EngineStream(engine, replace(request, text=text), self.state.engine_pool, clock=clock)
 
             opener = self.state.opener(request, engine_stream) if segment.kind == "starter" else None
             return opener or engine_stream(segment.text)  # "Sure." plays from memory
@@ -208,10 +210,15 @@ class CallDriver:
         openers = self.state.starters.phrases(voice.voice) if self.state.settings.starter_cache else []
         pipeline = ReplyPipeline(synthesise, Segmenter(openers=openers))
         llm = LLMClient(config)
-        task = asyncio.get_running_loop().create_task(self._speak(trace, pipeline, llm, list(action.messages)))
+        task = asyncio.get_running_loop().create_task(self._speak(trace, pipeline, llm, list(action.messages), clock))
         self.replies[trace] = (pipeline, task)
 
-    async def _speak(self, trace: str, pipeline: ReplyPipeline, llm: LLMClient, messages: list[dict]) -> None:
+    async def _speak(
+        self, trace: str, pipeline: ReplyPipeline, llm: LLMClient, messages: list[dict],
+        clock: PlaybackClock | None = None,
+    ) -> None:  # fmt: skip
+        clock = clock or PlaybackClock()
+
         async def deltas() -> AsyncIterator[str]:  # in the pipeline's producer: a barge-in ends a wait too
             async with self.state.llm_limiter.slot(self.client):
                 async for delta in llm.stream(messages):
@@ -228,6 +235,7 @@ class CallDriver:
                 if first:
                     first = False
                     self._handle(fsm.TtsFirstAudio(trace, at=time.perf_counter()))
+                clock.add(chunk.duration_s, time.perf_counter())
                 self.outbound.enqueue(chunk.samples, chunk.sample_rate, (trace, segment.index))
                 if capture is not None:
                     capture.add(chunk.samples, chunk.sample_rate)

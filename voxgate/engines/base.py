@@ -23,6 +23,7 @@ it cannot say (the server then admits up to its configured limits only).
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Protocol, runtime_checkable
@@ -137,13 +138,18 @@ def _piece_by_piece(
 ) -> Iterator[AudioChunk]:
     units = _UnitMap(request.text)
     seq = 0
+    start, audio_s = request.play_at, 0.0  # a later piece is due when the audio before it runs out
     for piece in pieces:
         if cancel.cancelled:
             return
-        chunks = engine.stream(replace(request, text=piece.text), cancel)
+        play_at = None if start is None else start + audio_s
+        chunks = engine.stream(replace(request, text=piece.text, play_at=play_at), cancel)
         local = split_units(piece.text)
         try:
             for chunk in chunks:
+                if start is not None and seq == 0:
+                    start = max(start, time.perf_counter())  # playback starts with the first audio
+                audio_s += chunk.duration_s
                 yield units.remap(chunk, piece, local, seq)
                 seq += 1
         finally:

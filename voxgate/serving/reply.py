@@ -31,6 +31,7 @@ from voxgate.bridge.pipeline import ChunkStream, ReplyPipeline, heard_text
 from voxgate.bridge.segmenter import Segment, Segmenter
 from voxgate.serving.fair import Lease
 from voxgate.serving.state import ServerState
+from voxgate.speech.clock import PlaybackClock
 from voxgate.speech.stream import EngineStream
 from voxgate.types import SynthesisRequest, VoxgateError
 
@@ -105,7 +106,7 @@ class Reply:
         self.spans: list[list[Any]] = []  # [text, seconds of audio handed out] per segment
         self.played_s: float | None = None  # how much the client said it played, at a stop
         self._cached: set[int] = set()
-        self._play_end = 0.0  # pacing: when the audio sent so far ends playing at the client
+        self.clock = PlaybackClock()  # the client's: audio handed out so far, played at real time
         state.limiter.acquire(client)  # last: nothing above may fail after the slot is taken
         self._released = False
 
@@ -144,9 +145,10 @@ class Reply:
                                          segment.index in self._cached)  # fmt: skip
                 for part in split_bytes(encoder.encode(chunk.samples), piece):
                     if self.options.pacing:
-                        await self._pace(len(part) / bytes_per_s)
+                        await self._pace()
                     if self.pipeline.cancelled:
                         break
+                    self.clock.add(len(part) / bytes_per_s, time.perf_counter())
                     self.marks.setdefault("first_audio", time.perf_counter())
                     yield AudioOut(segment.index, part)
                     self.marks["last_audio"] = time.perf_counter()
@@ -168,7 +170,7 @@ class Reply:
         request = SynthesisRequest(text=segment.text, voice=voice, language=language)
 
         def engine(text: str) -> ChunkStream:
-            return EngineStream(self.engine, replace(request, text=text), self.state.engine_pool)
+            return EngineStream(self.engine, replace(request, text=text), self.state.engine_pool, clock=self.clock)
 
         opener = self.state.opener(request, engine) if segment.kind == "starter" else None
         if opener is None:
@@ -176,17 +178,13 @@ class Reply:
         self._cached.add(segment.index)
         return opener
 
-    async def _pace(self, seconds: float) -> None:
-        """Hold a piece of `seconds` until the client's buffer (audio sent but not yet played,
-        on a playback clock that waits through gaps) is at most `pacing_lead_ms`; a stop ends the wait."""
-        now = time.perf_counter()
-        buffered = self._play_end - now
-        wait = buffered - self.options.pacing_lead_ms / 1000
+    async def _pace(self) -> None:
+        """Wait until the client's buffer (audio sent but not yet played, on its playback clock)
+        is at most `pacing_lead_ms`; a stop ends the wait."""
+        wait = self.clock.buffered(time.perf_counter()) - self.options.pacing_lead_ms / 1000
         if wait > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.pipeline.stopped.wait(), wait)
-            now = time.perf_counter()
-        self._play_end = max(self._play_end, now) + seconds
 
     def _release(self) -> None:
         if self._lease is not None:

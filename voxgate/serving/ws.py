@@ -400,7 +400,7 @@ class Gateway:
         slot = time.perf_counter()
 
         def engine_stream(text: str) -> EngineStream:
-            return EngineStream(engine, replace(request, text=text), self.state.engine_pool)
+            return EngineStream(engine, replace(request, text=text), self.state.engine_pool, clock=live.clock)
 
         stream = self.state.opener(request, engine_stream) if segment.starter else None  # "Sure." plays at once
         live.stream = stream = stream or engine_stream(request.text)
@@ -409,6 +409,7 @@ class Gateway:
         try:
             stamps: tuple[float, ...] | None = None  # the clocks on the way to the segment's first audio
             while s.current(segment) and (chunk := await stream.next()) is not None:
+                live.clock.add(chunk.duration_s, time.perf_counter())
                 before = encoder.samples_out
                 data = encoder.encode(chunk.samples)
                 if stamps is None and data:

@@ -15,6 +15,7 @@ from fastapi import WebSocket, WebSocketDisconnect
 from voxgate.bridge.pipeline import ChunkStream
 from voxgate.serving.session import Session
 from voxgate.serving.state import StreamPlan
+from voxgate.speech.clock import PlaybackClock
 
 CONTROL_BYTES = 256 << 10  # replies (pongs, errors) and other small messages a client may leave unread
 
@@ -38,6 +39,7 @@ class Live:
     synth: asyncio.Task[None] | None = None
     detached_at: float | None = None
     reserved: bool = False  # holds one of the engine's voices (speech/limits.py): while a socket is attached
+    clock: PlaybackClock = field(default_factory=PlaybackClock)  # the listener's, as synthesis logs audio
     pace_start: float | None = None  # playback clock of the current utterance (pacing)
     pace_utterance: int = -1
     paced_samples: int = 0

@@ -3,8 +3,10 @@ transport (HTTP, the WebSocket gateway, the bridge, the agent) runs an engine.
 
 It keeps at most one chunk in flight on a worker thread: generation of chunk n+1 overlaps the
 sending of chunk n, and a cancel wastes at most the chunk in flight. On the `EnginePool`
-each call carries its deadline: the first chunk is due at once, a later one when the audio
-produced so far would run out if playback started with the first chunk. A pool with
+each call carries its deadline from the listener's playback clock (`clock.py`): the first
+chunk of a new utterance is due at once, a later chunk (or a later segment's first) when the
+audio before it runs out. The engine gets the same time as the request's `play_at`, so a
+batched engine can serve its rows by it. A pool with
 `batch_s` (set for engines that compute in the calling thread) lets one call make several
 later chunks, joined into one, while that is quick and no more urgent call waits: fewer hops
 and messages per second of audio; the first chunk always comes alone. Text longer than
@@ -18,10 +20,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
 from voxgate.engines.base import Engine, stream_pieces
+from voxgate.speech.clock import PlaybackClock
 from voxgate.speech.workers import EnginePool
 from voxgate.types import AudioChunk, CancelToken, EngineFailure, SynthesisRequest, VoxgateError
 
@@ -53,6 +57,8 @@ class EngineStream:
     Work starts at construction, or with `start=False` at the first `start()`/`next()`, so
     a caller can put cached audio on the wire before the engine competes for the CPU.
     No engine call gets more than `max_piece_chars` characters of the request's text.
+    `clock` is the listener's (the caller advances it as it sends audio); without one the
+    stream keeps its own, advanced as chunks are made.
     """
 
     def __init__(
@@ -63,12 +69,15 @@ class EngineStream:
         on_closed: Callable[[], None] | None = None,
         start: bool = True,
         max_piece_chars: int | None = None,
+        clock: PlaybackClock | None = None,
     ) -> None:
         self.token = CancelToken()
         self.generated = 0
         self.priority = request.priority  # higher first on an EnginePool (the agent's live turn is high)
-        self._t_first: float | None = None  # when the first chunk was ready
-        self._audio_s = 0.0  # seconds of audio produced so far
+        self._own_clock = clock is None
+        self.clock = clock if clock is not None else PlaybackClock()
+        if request.play_at is None:
+            request = replace(request, play_at=self.clock.due(time.perf_counter()))
         self._on_closed = on_closed
         self._closing = False
         self._pool = pool
@@ -89,8 +98,8 @@ class EngineStream:
     def _submit(self, fn: Callable[[], object]) -> asyncio.Future:  # type: ignore[type-arg]
         """Run `fn` on the pool at this stream's priority and deadline (a close is due now)."""
         now = time.perf_counter()
-        opens = self._t_first is None and not self._closing
-        deadline = now if self._t_first is None or self._closing else self._t_first + self._audio_s
+        opens = self.generated == 0 and not self._closing
+        deadline = now if self._closing else self.clock.due(now)
         return asyncio.wrap_future(self._pool.submit_at(deadline, self.priority, fn, opens_stream=opens))
 
     def _next_in_worker(self) -> AudioChunk | None:
@@ -103,7 +112,7 @@ class EngineStream:
             return chunk
         parts, audio, started = [chunk], len(chunk.samples) / chunk.sample_rate, time.perf_counter()
         while audio < batch_s and time.perf_counter() - started < BATCH_BUDGET_S and not self.token.cancelled:
-            if self._pool.more_urgent_waiting(self.priority, self._t_first + self._audio_s):
+            if self._pool.more_urgent_waiting(self.priority, self.clock.due(time.perf_counter())):
                 break
             try:
                 more = self._produce()
@@ -120,9 +129,8 @@ class EngineStream:
         chunk = next(self._iterator, None)
         if chunk is not None:
             self.generated += 1
-            self._audio_s += len(chunk.samples) / chunk.sample_rate
-            if self._t_first is None:
-                self._t_first = time.perf_counter()
+            if self._own_clock:
+                self.clock.add(len(chunk.samples) / chunk.sample_rate, time.perf_counter())
         return chunk
 
     async def next(self) -> AudioChunk | None:

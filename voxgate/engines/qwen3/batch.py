@@ -192,8 +192,8 @@ class BatchDecoder:
                 self._decode(b, codes)
         hidden, logits = talker.step(embeds[:, None], self.cache.view(slice(0, b), length), self.position[:b])
         moving = self.active[:b, None] != 0  # a held row keeps the logits of the frame it has not drawn
-        self.hidden[:b].copy_(torch.where(moving, hidden, self.hidden[:b]))
-        self.logits[:b].copy_(torch.where(moving, logits, self.logits[:b]))
+        torch.where(moving, hidden, self.hidden[:b], out=self.hidden[:b])
+        torch.where(moving, logits, self.logits[:b], out=self.logits[:b])
         self.position[:b] += self.active[:b]
         self.draws[:b] += self.active[:b]
         if side is None:
@@ -203,7 +203,7 @@ class BatchDecoder:
 
     def _decode(self, b: int, codes: torch.Tensor) -> None:
         audio = codes.clamp(max=self.codec.config.codebook_size - 1)[:, :, None]  # EOS rows decode a stand-in
-        self.out_pcm[:b].copy_(self.codec.run(audio, self.codec_state.rows(b, self.active[:b])))
+        self.out_pcm[:b].copy_(self.codec.run(audio, self.codec_state.rows(b, self.active[:b] != 0)))
 
     def _draw(self, b: int, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The frame's 16 codes for every row (into `out_codes`) and the talker's next input

@@ -63,14 +63,14 @@ class DecoderState:
 
     A *static* state (see `freeze`) keeps every tensor in a fixed buffer updated in place and
     the frame position on the device, so a decode call can be captured as a CUDA graph. A
-    batched view (`rows`) may carry `moving`, one flag per row: rows whose flag is 0 keep their
+    batched view (`rows`) may carry `moving`, one flag per row: rows whose flag is False keep their
     state and position through the decode (a held stream, see `batch.py`).
     """
 
     position: int = 0
     tensors: dict[str, Any] = field(default_factory=dict)
     position_t: torch.Tensor | None = None  # set by freeze(): the position as a device tensor
-    moving: torch.Tensor | None = None  # (rows,) 0/1 on a batched view: which rows a decode advances
+    moving: torch.Tensor | None = None  # (rows,) bool on a batched view: which rows a decode advances
 
     def put(self, key: str, value: Any) -> None:
         held = self.tensors.get(key) if self.position_t is not None else None
@@ -86,8 +86,8 @@ class DecoderState:
         if self.moving is None:
             buffer.copy_(new)
         else:
-            keep = (self.moving != 0).view(-1, *(1,) * (new.dim() - 1))
-            buffer.copy_(torch.where(keep, new, buffer))
+            keep = self.moving.view(-1, *(1,) * (new.dim() - 1))
+            torch.where(keep, new, buffer, out=buffer)  # one kernel, as the copy it replaces
 
     def advance(self, frames: int) -> None:
         """The position after a decode of `frames` frames (rows not moving stay where they are)."""
@@ -133,7 +133,7 @@ class DecoderState:
 
     def rows(self, n: int, moving: torch.Tensor | None = None) -> DecoderState:
         """A static state over the first `n` rows of this one (views: the same buffers); with
-        `moving` (n,), a decode through it advances only the rows flagged 1."""
+        `moving` (n,) bool, a decode through it advances only the rows flagged True."""
         assert self.position_t is not None and self.position_t.dim() == 1
         tensors = {k: tuple(t[:n] for t in v) if isinstance(v, tuple) else v[:n] for k, v in self.tensors.items()}
         return DecoderState(0, tensors, self.position_t[:n], moving)

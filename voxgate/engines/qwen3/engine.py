@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import queue
 import secrets
 import threading
@@ -78,6 +79,7 @@ class Qwen3Engine(Engine):
         max_waiting: int = 256,
         kv_capacity: int = 2048,
         prompt_thread: bool = False,
+        lead_ms: float = 1500.0,
     ):
         if packet_frames < 1:
             raise ValueError("packet_frames must be >= 1")
@@ -98,7 +100,8 @@ class Qwen3Engine(Engine):
                 sampling=self.sampling,
             )
             scheduler = Scheduler(max_streams, max_waiting, max_prefills_per_step=max_streams, buckets=decoder.buckets)
-            self.runner = Runner(decoder, scheduler)
+            frame_s = checkpoint.codec.config.samples_per_frame / SAMPLE_RATE
+            self.runner = Runner(decoder, scheduler, frame_s, lead_ms / 1000 if lead_ms > 0 else math.inf)
         self.eager_reason = (
             None
             if self.runner is not None and self.runner.decoder.stats.captured
@@ -143,7 +146,8 @@ class Qwen3Engine(Engine):
             now = {"running": float(running), "waiting": float(waiting)}
             load = {"steps": float(run.steps), "admitted": float(run.admitted), "finished": float(run.finished),
                     "cancelled": float(run.cancelled), "failed": float(run.failed),
-                    "queue_seconds": run.queue_seconds, "stream_steps": float(run.rows_stepped)}  # fmt: skip
+                    "queue_seconds": run.queue_seconds, "stream_steps": float(run.rows_stepped),
+                    "stream_steps_held": float(run.rows_held)}  # fmt: skip
         if self.eager_reason is not None:
             fallbacks[f"no_graphs_{self.eager_reason}"] = float(self._streams_served)
         return {"graph_replays": replays, "eager_fallbacks": fallbacks, "streams": load, "streams_now": now}
@@ -224,7 +228,7 @@ class Qwen3Engine(Engine):
             if room < limit:
                 log.info("frame limit %d cut to %d by the KV cache", limit, room)
                 limit = room
-        frames = self._frames(prompt, params, limit, request.priority, cancel, context)
+        frames = self._frames(prompt, params, limit, request.priority, cancel, context, request.play_at)
         yield from self._chunks(frames, cancel)
 
     def _prompt(self, request: SynthesisRequest, design: bool) -> tuple[Prompt, DecoderState | None]:
@@ -270,6 +274,7 @@ class Qwen3Engine(Engine):
         priority: int,
         cancel: CancelToken,
         context: DecoderState | None = None,
+        play_at: float | None = None,
     ) -> Iterator[np.ndarray]:
         """PCM as it is made: per frame from the runner, or per packet eagerly, one stream at a time."""
         self._streams_served += 1
@@ -286,7 +291,7 @@ class Qwen3Engine(Engine):
                     yield self.ck.codec.decode(torch.stack(packet, dim=1)[None], state)[0].float().cpu().numpy()
             return
         seed = params.seed if params.seed is not None else secrets.randbits(31)
-        job = Job(f"s{next(self._ids)}", prompt, params, seed, limit, cancel, priority, context)
+        job = Job(f"s{next(self._ids)}", prompt, params, seed, limit, cancel, priority, context, play_at)
         self.runner.submit(job)  # Busy when the queue is full
         try:
             while True:
@@ -344,4 +349,5 @@ def create(settings: Settings) -> Qwen3Engine:
         max_waiting=settings.qwen3_max_waiting,
         kv_capacity=settings.qwen3_kv_capacity,
         prompt_thread=settings.qwen3_prompt_thread,
+        lead_ms=settings.qwen3_lead_ms,
     )

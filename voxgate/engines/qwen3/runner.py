@@ -4,11 +4,20 @@ every running stream together, and hands each stream its frames through its own 
 Callers (`Qwen3Engine.stream`, one per request, on their own threads) `submit` a `Job` and
 read PCM frames from `job.frames` until `END`; cancelling the job's token frees its row at
 the next step. One failing prefill fails that job alone.
+
+Deadlines: a job played in real time carries `play_at`, when its listener needs its first
+audio (now for a new utterance; when the audio before it runs out for a later segment of the
+same session). Its playback clock starts then, or at its first frame if that comes later, and
+runs at real time; the audio handed out beyond the clock is how far it is *ahead*. Before each
+step the runner gives the scheduler every job's lead, and a job more than `lead_s` ahead is
+held while others are due (`scheduler.py`'s deadline rule; `batch.py` keeps a held row's
+state exactly). Jobs without `play_at` (a whole file, a benchmark) are never held.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -40,9 +49,11 @@ class Job:
     cancel: CancelToken
     priority: int = 0
     context: DecoderState | None = None
+    play_at: float | None = None  # perf_counter time its listener needs its first audio; None: not real time
     frames: queue.Queue[np.ndarray | BaseException | None] = field(default_factory=queue.Queue)
     submitted_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None  # when its prefill ran
+    first_frame_at: float | None = None  # when its first frame was handed out
     row: int = -1
     draws: int = 0
     closed: bool = False  # set by the reader when it stops reading (client gone, generator closed)
@@ -63,11 +74,18 @@ class RunnerStats:
     queue_seconds: float = 0.0  # summed over admitted streams
     busy_seconds: float = 0.0  # wall time spent in prefills and steps
     rows_stepped: int = 0  # sum over steps of the streams in the step
+    rows_held: int = 0  # sum over steps of the streams held by the deadline rule
+
+
+DEFAULT_LEAD_S = 1.5  # a real-time stream with more audio than this ahead of its listener may be held
 
 
 class Runner:
-    def __init__(self, decoder: BatchDecoder, scheduler: Scheduler) -> None:
+    def __init__(
+        self, decoder: BatchDecoder, scheduler: Scheduler, frame_s: float = 0.08, lead_s: float = DEFAULT_LEAD_S
+    ) -> None:
         self.decoder, self.scheduler = decoder, scheduler
+        self.frame_s, self.lead_s = frame_s, lead_s  # lead_s = inf: never hold
         self.stats = RunnerStats()
         self.costs = StepCosts(dict(decoder.stats.step_s))  # what a step takes per bucket (step_cost.py)
         self._jobs: dict[str, Job] = {}
@@ -81,7 +99,8 @@ class Runner:
         with self._lock:
             if self._closed:
                 raise EngineFailure("the qwen3 runner is closed")
-            place = self.scheduler.add(job.stream_id, job.priority, job.submitted_at)
+            due = job.play_at if job.play_at is not None and math.isfinite(job.play_at) else None
+            place = self.scheduler.add(job.stream_id, job.priority, job.submitted_at, due)
             self._jobs[job.stream_id] = job
             self._lock.notify()
         return place
@@ -134,10 +153,15 @@ class Runner:
                     for job in self._jobs.values():
                         job.frames.put(EngineFailure("the engine is shutting down"))
                     return
-                plan = self.scheduler.plan()
+                plan = self.scheduler.plan(self._ahead(time.perf_counter()), self.lead_s)
             started = time.perf_counter()
             if plan.prefill:
                 self._prefill([(self._jobs[i], row) for i, row in plan.prefill])
+            for _, row in plan.held:  # after the prefills: a prefill starts its row moving
+                self.decoder.hold(row, True)
+            for _, row in plan.decode:
+                self.decoder.hold(row, False)
+            self.stats.rows_held += len(plan.held)
             prefilled = time.perf_counter() - started
             jobs = [self._jobs.get(i) for i, _ in plan.decode]  # a failed prefill has left already
             running = [job for job in jobs if job is not None and job.row >= 0]
@@ -157,6 +181,18 @@ class Runner:
                     self.costs.record(plan.bucket, took - prefilled)
             pending = launched
             self.stats.busy_seconds += took
+
+    def _ahead(self, now: float) -> dict[str, float] | None:
+        """Seconds each real-time job's audio is ahead of its listener's clock (see the module)."""
+        if not math.isfinite(self.lead_s):
+            return None
+        ahead = {}
+        for job in self._jobs.values():
+            if job.play_at is None:
+                continue
+            start = job.play_at if job.first_frame_at is None else max(job.play_at, job.first_frame_at)
+            ahead[job.stream_id] = start + job.draws * self.frame_s - now
+        return ahead
 
     def _hand_out(self, step: PendingStep, running: list[Job]) -> None:
         try:
@@ -198,6 +234,8 @@ class Runner:
         elif int(codes[0]) == self.decoder.eos_id or draw >= job.limit - 1:
             self._end(job, END)
         else:
+            if job.first_frame_at is None:
+                job.first_frame_at = time.perf_counter()
             job.frames.put(pcm)
 
     def _drop_cancelled(self) -> None:

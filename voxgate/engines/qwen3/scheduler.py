@@ -4,13 +4,22 @@ The runner asks `plan()` before every step and gets plain data back: the streams
 prefill now (each with the batch row it will hold), every stream that decodes in this step
 (the new ones included: a prefill leaves the first code ready to draw), and the batch-size
 bucket (1, 2, 4, 8, ...) whose captured graph covers the rows in use. Policy:
-- a stream waits in a queue ordered by priority (higher first), then arrival;
+- a stream waits in a queue ordered by priority (higher first), then by when its listener
+  needs its first audio (earliest first; a stream with no such time is due when it arrives),
+  then arrival;
 - at most `max_running` streams decode together; a new one takes the lowest free row, at
   most `max_prefills_per_step` per step, so prefills interleave with decoding instead of
   stalling the running streams;
 - a full queue refuses new streams with `Busy` rather than slowing everyone down, and each
   waiting stream can see its position and how long it has waited;
-- cancel frees a slot at once, whether the stream is waiting or running.
+- cancel frees a slot at once, whether the stream is waiting or running;
+- the deadline rule: given how far each stream's audio is ahead of its listener (`ahead`,
+  seconds; streams not played in real time are absent) and a `lead`, a running stream more
+  than `lead` ahead is held (stays in its row, does not move) while another running stream
+  is within its lead, so steps carry only what a listener is about to need: less work per
+  step for the host, a smaller bucket where the high rows are held. Nobody is held while
+  streams wait for a row (every stream runs, to free rows sooner), nor when every stream is
+  ahead (the step is spare capacity: it builds buffer).
 """
 
 from __future__ import annotations
@@ -18,6 +27,8 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -39,6 +50,7 @@ class Stream:
     priority: int = 0
     arrival: int = 0  # set by the scheduler: order of arrival
     enqueued_at: float = 0.0  # caller's clock, for queue-time reporting
+    due: float = 0.0  # caller's clock: when its listener needs its first audio (the queue's order)
     phase: Phase = Phase.WAITING
     frames: int = 0
     row: int = -1  # batch row while running
@@ -48,7 +60,8 @@ class Stream:
 class Plan:
     prefill: tuple[tuple[str, int], ...]  # (stream, row) admitted now: run their prompts first
     decode: tuple[tuple[str, int], ...]  # (stream, row) of every running stream, new ones included
-    bucket: int  # captured batch size covering every row in use (0 when nothing runs)
+    bucket: int  # captured batch size covering every row that moves (0 when nothing runs)
+    held: tuple[tuple[str, int], ...] = ()  # (stream, row) running but kept still this step (the deadline rule)
 
 
 @dataclass
@@ -58,7 +71,7 @@ class Scheduler:
     max_prefills_per_step: int = 2
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
     _streams: dict[str, Stream] = field(default_factory=dict)
-    _waiting: list[tuple[int, int, str]] = field(default_factory=list)  # (-priority, arrival, id), sorted
+    _waiting: list[tuple[int, float, int, str]] = field(default_factory=list)  # (-priority, due, arrival, id)
     _running: list[str] = field(default_factory=list)
     _arrivals: itertools.count = field(default_factory=itertools.count)
     _free_rows: list[int] = field(default_factory=list)  # a heap: the lowest free row first
@@ -68,39 +81,50 @@ class Scheduler:
             raise ValueError(f"max_running {self.max_running} exceeds the largest bucket {self.buckets[-1]}")
         self._free_rows = list(range(self.max_running))
 
-    def add(self, stream_id: str, priority: int = 0, now: float = 0.0) -> int:
-        """Queue a stream; returns its position in the queue (0 = next). Raises Busy when full."""
+    def add(self, stream_id: str, priority: int = 0, now: float = 0.0, due: float | None = None) -> int:
+        """Queue a stream (`due`: when its first audio is needed, else `now`); returns its
+        position in the queue (0 = next). Raises Busy when full."""
         if stream_id in self._streams:
             raise ValueError(f"stream {stream_id!r} is already scheduled")
         if len(self._waiting) >= self.max_waiting:
             raise Busy(f"{len(self._waiting)} streams are already waiting; retry shortly")
-        stream = Stream(stream_id, priority, next(self._arrivals), now)
+        stream = Stream(stream_id, priority, next(self._arrivals), now, now if due is None else due)
         self._streams[stream_id] = stream
-        bisect.insort(self._waiting, (-priority, stream.arrival, stream_id))
+        bisect.insort(self._waiting, self._key(stream))
         return self.position(stream_id)
+
+    @staticmethod
+    def _key(stream: Stream) -> tuple[int, float, int, str]:
+        return (-stream.priority, stream.due, stream.arrival, stream.stream_id)
 
     def position(self, stream_id: str) -> int:
         """Place in the waiting queue (0 = admitted next); -1 once running."""
         stream = self._get(stream_id)
         if stream.phase is not Phase.WAITING:
             return -1
-        return bisect.bisect_left(self._waiting, (-stream.priority, stream.arrival, stream_id))
+        return bisect.bisect_left(self._waiting, self._key(stream))
 
     def waited(self, stream_id: str, now: float) -> float:
         return now - self._get(stream_id).enqueued_at
 
-    def plan(self) -> Plan:
-        """Admit what fits (priority first) and say what runs on the next step."""
+    def plan(self, ahead: Mapping[str, float] | None = None, lead: float = math.inf) -> Plan:
+        """Admit what fits (priority first) and say what runs on the next step; with `ahead`
+        (stream -> seconds its audio is ahead of its listener), hold by the deadline rule."""
         admitted: list[tuple[str, int]] = []
         while self._waiting and len(self._running) < self.max_running and len(admitted) < self.max_prefills_per_step:
-            _, _, stream_id = self._waiting.pop(0)
+            *_, stream_id = self._waiting.pop(0)
             stream = self._streams[stream_id]
             stream.phase, stream.row = Phase.RUNNING, heapq.heappop(self._free_rows)
             self._running.append(stream_id)
             admitted.append((stream_id, stream.row))
-        decode = tuple((i, self._streams[i].row) for i in self._running)
+        moving, held = self._running, []
+        if ahead and not self._waiting:
+            due = [i for i in self._running if ahead.get(i, -math.inf) <= lead]
+            if due and len(due) < len(self._running):
+                moving, held = due, [i for i in self._running if ahead.get(i, -math.inf) > lead]
+        decode = tuple((i, self._streams[i].row) for i in moving)
         rows = max((row for _, row in decode), default=-1) + 1
-        return Plan(tuple(admitted), decode, self.bucket_for(rows))
+        return Plan(tuple(admitted), decode, self.bucket_for(rows), tuple((i, self._streams[i].row) for i in held))
 
     def bucket_for(self, n: int) -> int:
         if n == 0:
@@ -125,7 +149,7 @@ class Scheduler:
             self._running.remove(stream_id)
             heapq.heappush(self._free_rows, stream.row)
         else:
-            self._waiting.remove((-stream.priority, stream.arrival, stream_id))
+            self._waiting.remove(self._key(stream))
         stream.phase = phase
 
     def _get(self, stream_id: str) -> Stream:

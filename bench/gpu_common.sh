@@ -1,0 +1,34 @@
+# Sourced by the bench/gpu_*.sh scripts on the device machine (after bench/gpu_bundle.sh here).
+# gpu_setup: install the carried wheels, write $RES/machine.txt, build the random-weight
+# checkpoint /tmp/ckpt-$TAG-$SEED once (needs SEED, MODEL, TAG, RES).
+# wait_server PID LOG: until /healthz answers on :8765, or the server has exited (then fail).
+gpu_setup() {
+    mkdir -p "$RES"
+    python3 -m pip install -q --no-index --no-deps .gpu/wheels/*.whl 2>&1 | tail -2
+    export VOXGATE_LLM_EMBEDDED=false VOXGATE_AGENT_MAX_CALLS=0
+    { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+      python3 -c "import torch; print('torch', torch.__version__)"; echo "server tree: ${SRC:-$PWD}"; } > $RES/machine.txt
+    [ -d /tmp/ckpt-$TAG-$SEED ] || PYTHONPATH=$PWD python3 -m voxgate make-random-checkpoint --configs .gpu/qwen3-tts \
+        --model $MODEL --out /tmp/ckpt-$TAG-$SEED --seed $SEED > $RES/checkpoint-$TAG.txt 2>&1
+}
+
+wait_server() {
+    for i in $(seq 400); do
+        curl -sf localhost:8765/healthz > /dev/null && return 0
+        kill -0 $1 2>/dev/null || { echo "server exited"; tail -30 $2; return 1; }
+        sleep 1
+    done
+    echo "server not up after 400 s"; return 1
+}
+
+# summary JSON: one line from a `voxgate load` result (first audio, gateway-added, underruns, units).
+summary() {
+    python3 - "$1" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1])).get("results", {})
+if r:
+    t, g, u, n = r["ttfa_ms"]["all"], r["gateway_ttfa_ms"]["all"], r["underruns"], r["units"]
+    print(f"first audio p50/p95 {t['p50']}/{t['p95']} ms, gateway-added {g['p50']}/{g['p95']} ms, "
+          f"underruns {u['count']} ({u['total_ms']} ms), units sent {n['sent']} missing {n['missing']} dup {n['duplicate']}")
+PY
+}
