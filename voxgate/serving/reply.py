@@ -181,7 +181,7 @@ class Reply:
     async def _pace(self) -> None:
         """Wait until the client's buffer (audio sent but not yet played, on its playback clock)
         is at most `pacing_lead_ms`; a stop ends the wait."""
-        wait = self.clock.buffered(time.perf_counter()) - self.options.pacing_lead_ms / 1000
+        wait = self.clock.wait_s(time.perf_counter(), self.options.pacing_lead_ms / 1000)
         if wait > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.pipeline.stopped.wait(), wait)

@@ -31,6 +31,7 @@ from voxgate.serving.session import Entry, Segment, Session
 from voxgate.serving.state import ServerState
 from voxgate.serving.ws_live import CONTROL_BYTES, Live, abort, close_quietly, send_now, send_then_close
 from voxgate.serving.wsproto import Bare, Ping, ProtocolError, SessionStart, TextDelta, error, omni_frames, parse_client
+from voxgate.speech.clock import PlaybackClock
 from voxgate.speech.stream import EngineStream
 from voxgate.types import Busy, VoxgateError
 
@@ -224,7 +225,7 @@ class Gateway:
         live.reply({"type": "session.started", "session_id": s.session_id, "resume_token": live.resume_token,
                     "sample_rate": s.sample_rate, "format": s.config.format, "resumed": resumed,
                     "next_unit_index": s.next_unit, "resume_window_s": self.settings.ws_resume_window_s})  # fmt: skip
-        live.pace_start, live.pace_utterance = None, -1
+        live.pace_clock, live.pace_utterance = PlaybackClock(), -1
         live.writer = asyncio.get_running_loop().create_task(self._write(live, websocket))
         live.work.set()  # a synthesiser that held back while nobody listened goes on
 
@@ -350,16 +351,14 @@ class Gateway:
         return [json.dumps(entry.message), entry.payload]
 
     async def _pace(self, live: Live, header: dict[str, Any]) -> None:
-        """Hold audio until `pacing_lead_ms` before its playback time on the utterance's clock."""
-        now = time.monotonic()
+        """Hold audio until the listener has at most `pacing_lead_ms` of the utterance in hand
+        (its playback clock from the utterance's first audio, `speech/clock.py`)."""
         if live.pace_utterance != header["utterance"]:
-            live.pace_utterance, live.pace_start, live.paced_samples = header["utterance"], now, 0
-        due = (
-            live.pace_start + live.paced_samples / live.session.sample_rate - live.session.config.pacing_lead_ms / 1000
-        )
-        live.paced_samples += header["samples"]
-        if due > now:
-            await asyncio.sleep(due - now)
+            live.pace_utterance, live.pace_clock = header["utterance"], PlaybackClock()
+        wait = live.pace_clock.wait_s(time.perf_counter(), live.session.config.pacing_lead_ms / 1000)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        live.pace_clock.add(header["samples"] / live.session.sample_rate, time.perf_counter())
 
     # ------------------------------------------------------------------ synthesis
 

@@ -37,3 +37,7 @@ class PlaybackClock:
     def buffered(self, now: float) -> float:
         """Seconds of audio the listener has and has not played yet."""
         return 0.0 if self.end is None else max(0.0, self.end - now)
+
+    def wait_s(self, now: float, lead_s: float) -> float:
+        """Pacing: how long to hold the next audio so the listener has at most `lead_s` in hand."""
+        return max(0.0, self.buffered(now) - lead_s)
