@@ -4,6 +4,7 @@ from hypothesis import strategies as st
 
 from voxgate.bridge.corpus import check_corpus, make_replies, segment_stream, split_reply
 from voxgate.bridge.segmenter import Segment, Segmenter, SegmenterConfig
+from voxgate.config import DEFAULT_STARTERS
 
 REPLIES = make_replies(n_en=30, n_zh=30, seed=7)
 
@@ -320,10 +321,24 @@ def test_a_cached_opener_is_the_starter_as_soon_as_its_last_character_arrives():
     assert _opener_pushes(["好的", "，", "我们"])[1] == ["好的，"]
 
 
-def test_openers_apply_only_at_the_start_and_only_when_they_end_in_punctuation():
+def test_openers_apply_only_at_the_start_and_only_with_punctuation():
     assert _opener_pushes(["I am", " sure", ",", " yes"]) == [[], [], [], ["I am sure,"]]  # the usual rule
     assert _opener_pushes(["Hmm", " well"]) == [[], []]  # no punctuation: the usual rules decide
-    assert set(Segmenter(openers=OPENERS).openers) == {"Okay,", "好的，", "Sure,", "Sure."}  # "是。" is too short
+    assert _opener_pushes(["Hmm", ",", " well"]) == [[], ["Hmm,"], []]  # a bare phrase takes the mark after it
+    assert _opener_pushes(["是", "。", "我"]) == [[], [], ["是。"]]  # shorter than min_chars: cached, so fine
+    assert set(Segmenter(openers=OPENERS).openers) == {"Okay,", "好的，", "Sure,", "Sure.", "Hmm", "是。"}
+
+
+def test_the_default_cjk_openers_open_a_reply_with_the_mark_after_them():
+    """The default starter phrases "好的" and "嗯" have no mark of their own: a reply that opens
+    with one and a mark gets it (with the mark) as its cached starter; a word that only begins
+    with the same characters does not."""
+    openers = list(DEFAULT_STARTERS)
+    assert _opener_pushes(["嗯", "，", "我明白"], openers) == [[], ["嗯，"], []]
+    assert _opener_pushes(["好的", "！", "我们"], openers) == [[], [], ["好的！"]]  # a sentence mark: one more char
+    assert _opener_pushes(["好的东", "西很多，", "比如"], openers)[:2] == [[], []]  # not the opener "好的"
+    whole = Segmenter(openers=openers)
+    assert [s.text for s in whole.push("嗯")] == [] and [s.text for s in whole.flush()] == ["嗯"]
 
 
 @settings(max_examples=100, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])

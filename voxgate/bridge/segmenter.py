@@ -99,7 +99,9 @@ class Segmenter:
     `openers` are phrases whose audio is cached (the starter cache): a reply that begins with
     one gets it as its starter as soon as it is certain: at once for a comma ("Sure,"), at the
     next character for a sentence end ("Okay." is not the start of "Okay..."), so the cached
-    audio can start with no wait for the LLM's next words.
+    audio can start with no wait for the LLM's next words. A phrase with no mark of its own
+    ("好的", "嗯") is the opener when a mark follows it ("嗯，", "好的。"; not "好的东西"), and the
+    mark goes with it. `min_chars` does not apply: a cached opener costs no engine call.
     """
 
     KEEP = 256  # characters kept before the pending segment: every look back is shorter
@@ -108,7 +110,7 @@ class Segmenter:
     def __init__(self, config: SegmenterConfig | None = None, openers: Iterable[str] = ()) -> None:
         self.config = config or SegmenterConfig()
         stripped = (phrase.strip() for phrase in openers)
-        usable = {p for p in stripped if len(p) >= self.config.min_chars and p[-1] in SENTENCE + CLAUSE}
+        usable = {p for p in stripped if p and speakable(p)}
         self.openers = sorted(usable, key=lambda p: (-len(p), p))  # the longest match first
         self.reset()
 
@@ -176,14 +178,22 @@ class Segmenter:
     def _opener(self, final: bool) -> int | None:
         """The end of a cached opener that the reply begins with, if certain."""
         text, lead = self._text, skip_space(self._text, self._start)
+        marks = SENTENCE + CLAUSE
         for phrase in self.openers:
-            if text.startswith(phrase, lead):
-                end = lead + len(phrase)
-                if phrase[-1] in CLAUSE:
-                    return end
+            if not text.startswith(phrase, lead):
+                continue
+            end = lead + len(phrase)
+            if phrase[-1] not in marks:  # "嗯": the opener only with a mark after it, which it takes
                 if end == len(text):
                     return end if final else None
-                return None if text[end] in SENTENCE + CLAUSE else end  # "Okay." but not "Okay..."
+                if text[end] not in marks:
+                    continue  # "好的东西" does not open with "好的"; a shorter phrase may still match
+                end += 1
+            if text[end - 1] in CLAUSE:
+                return end
+            if end == len(text):
+                return end if final else None
+            return None if text[end] in marks else end  # "Okay." but not "Okay..."
         return None
 
     def _segment(self, cut: Cut) -> str:
