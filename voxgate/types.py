@@ -8,8 +8,17 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
+
+
+class ListenerClock(Protocol):
+    """A listener's playback clock (`speech/clock.PlaybackClock`), as an engine reads it."""
+
+    def due(self, now: float) -> float:
+        """When the listener needs its next audio (`time.perf_counter()`; past while starved)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,9 +26,10 @@ class SynthesisRequest:
     """What to say and how. Engines receive it already validated by the caller.
 
     `play_at` is set for audio a listener plays as it arrives (`speech/clock.py`): when the
-    first audio is needed. A batched engine serves streams by it (earliest first, and a
-    stream far ahead of its listener yields to one that is not); None means as fast as
-    possible (a whole file, a benchmark)."""
+    first audio is needed; `listener` is that listener's clock, which says how much audio it
+    has in hand. A batched engine serves streams by them (earliest first, and a stream whose
+    listener has plenty yields to one whose listener does not); None means as fast as possible
+    (a whole file, a benchmark)."""
 
     text: str
     voice: str
@@ -30,6 +40,7 @@ class SynthesisRequest:
     priority: int = 0
     request_id: str = ""
     play_at: float | None = None  # `time.perf_counter()` when a real-time listener needs the first audio
+    listener: ListenerClock | None = None  # that listener's playback clock, read while the stream runs
 
 
 @dataclass(frozen=True, slots=True)

@@ -251,6 +251,38 @@ def test_a_stream_far_ahead_of_its_listener_waits_while_one_that_is_due_runs(our
         engine.close()
 
 
+class _Listener:
+    """A listener's clock standing still: it needs its next audio at `at`."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def due(self, now):
+        return self.at
+
+
+def test_what_the_listener_has_decides_a_hold_not_what_the_runner_made(ours):
+    """With the listener's clock on the job, the lead is the audio the listener has in hand: a
+    listener with a quarter of an hour buffered is held behind a due stream, one that is starved
+    is never held, however far its frames ran ahead of `play_at`."""
+    engine = _engine(ours, max_streams=2)
+    runner = engine.runner
+    try:
+        for shift, held in ((900, True), (-900, False)):
+            before, now = runner.stats.rows_held, time.perf_counter()
+            due = _job(engine, f"due-{held}", "Needed right now.", "ryan")
+            # play_at alone would say the opposite: needed at once (-> never held), or in 900 s (-> held)
+            listened = _job(engine, f"listened-{held}", "Far ahead.", "vivian", play_at=now - shift)
+            listened.listener = _Listener(now + shift)
+            with runner._lock:
+                runner.submit(due)
+                runner.submit(listened)
+            _frames(due), _frames(listened)
+            assert (runner.stats.rows_held - before >= 39) if held else runner.stats.rows_held == before
+    finally:
+        engine.close()
+
+
 def _submitted(runner, job):
     runner.submit(job)
     return job

@@ -321,6 +321,8 @@ class Gateway:
                     else:
                         await websocket.send_text(frame)
                 s.mark_sent()
+                if entry.payload is not None:  # the listener has it now: its playback clock moves
+                    live.clock.add(entry.message["samples"] / s.sample_rate, time.perf_counter())
                 live.room.set()
                 if entry.ready_at is not None:  # a segment's first audio is out: server-side latency
                     self.state.record_first_audio(
@@ -408,7 +410,6 @@ class Gateway:
         try:
             stamps: tuple[float, ...] | None = None  # the clocks on the way to the segment's first audio
             while s.current(segment) and (chunk := await stream.next()) is not None:
-                live.clock.add(chunk.duration_s, time.perf_counter())
                 before = encoder.samples_out
                 data = encoder.encode(chunk.samples)
                 if stamps is None and data:

@@ -39,7 +39,7 @@ class Live:
     synth: asyncio.Task[None] | None = None
     detached_at: float | None = None
     reserved: bool = False  # holds one of the engine's voices (speech/limits.py): while a socket is attached
-    clock: PlaybackClock = field(default_factory=PlaybackClock)  # the listener's, as synthesis logs audio
+    clock: PlaybackClock = field(default_factory=PlaybackClock)  # the listener's: audio written to its sockets
     pace_clock: PlaybackClock = field(default_factory=PlaybackClock)  # the current utterance's (pacing)
     pace_utterance: int = -1
     dropped: str | None = None  # why the last socket was dropped, told on resume

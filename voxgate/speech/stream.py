@@ -77,7 +77,7 @@ class EngineStream:
         self._own_clock = clock is None
         self.clock = clock if clock is not None else PlaybackClock()
         if request.play_at is None:
-            request = replace(request, play_at=self.clock.due(time.perf_counter()))
+            request = replace(request, play_at=self.clock.due(time.perf_counter()), listener=self.clock)
         self._on_closed = on_closed
         self._closing = False
         self._pool = pool

@@ -47,6 +47,7 @@ from voxgate.types import (
     CancelToken,
     EngineFailure,
     InvalidRequest,
+    ListenerClock,
     NotSupported,
     SynthesisRequest,
     TextTooLong,
@@ -228,7 +229,8 @@ class Qwen3Engine(Engine):
             if room < limit:
                 log.info("frame limit %d cut to %d by the KV cache", limit, room)
                 limit = room
-        frames = self._frames(prompt, params, limit, request.priority, cancel, context, request.play_at)
+        frames = self._frames(prompt, params, limit, request.priority, cancel, context, request.play_at,
+                              request.listener)  # fmt: skip
         yield from self._chunks(frames, cancel)
 
     def _prompt(self, request: SynthesisRequest, design: bool) -> tuple[Prompt, DecoderState | None]:
@@ -275,6 +277,7 @@ class Qwen3Engine(Engine):
         cancel: CancelToken,
         context: DecoderState | None = None,
         play_at: float | None = None,
+        listener: ListenerClock | None = None,
     ) -> Iterator[np.ndarray]:
         """PCM as it is made: per frame from the runner, or per packet eagerly, one stream at a time."""
         self._streams_served += 1
@@ -291,7 +294,7 @@ class Qwen3Engine(Engine):
                     yield self.ck.codec.decode(torch.stack(packet, dim=1)[None], state)[0].float().cpu().numpy()
             return
         seed = params.seed if params.seed is not None else secrets.randbits(31)
-        job = Job(f"s{next(self._ids)}", prompt, params, seed, limit, cancel, priority, context, play_at)
+        job = Job(f"s{next(self._ids)}", prompt, params, seed, limit, cancel, priority, context, play_at, listener)
         self.runner.submit(job)  # Busy when the queue is full
         try:
             while True:

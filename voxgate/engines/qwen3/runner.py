@@ -7,11 +7,14 @@ the next step. One failing prefill fails that job alone.
 
 Deadlines: a job played in real time carries `play_at`, when its listener needs its first
 audio (now for a new utterance; when the audio before it runs out for a later segment of the
-same session). Its playback clock starts then, or at its first frame if that comes later, and
-runs at real time; the audio handed out beyond the clock is how far it is *ahead*. Before each
-step the runner gives the scheduler every job's lead, and a job more than `lead_s` ahead is
-held while others are due (`scheduler.py`'s deadline rule; `batch.py` keeps a held row's
-state exactly). Jobs without `play_at` (a whole file, a benchmark) are never held.
+same session), and usually the listener's own clock. How far a job is *ahead* is the audio its
+listener has in hand (`listener.due(now) - now`: what the transport has sent, not what the
+runner has made, so audio stuck behind a busy event loop does not count); a job with
+`play_at` but no clock is ahead by the frames handed out beyond a clock that starts at
+`play_at` (or its first frame, if later). Before each step the runner gives the scheduler every
+job's lead, and a job more than `lead_s` ahead is held while others are due (`scheduler.py`'s
+deadline rule; `batch.py` keeps a held row's state exactly). Jobs without `play_at` (a whole
+file, a benchmark) are never held.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.prompt import Prompt
 from voxgate.engines.qwen3.scheduler import Scheduler
 from voxgate.engines.qwen3.step_cost import StepCosts
-from voxgate.types import CancelToken, EngineFailure
+from voxgate.types import CancelToken, EngineFailure, ListenerClock
 
 log = logging.getLogger(__name__)
 END = None  # put on a job's queue after its last frame
@@ -50,6 +53,7 @@ class Job:
     priority: int = 0
     context: DecoderState | None = None
     play_at: float | None = None  # perf_counter time its listener needs its first audio; None: not real time
+    listener: ListenerClock | None = None  # the listener's playback clock (how much audio it has in hand)
     frames: queue.Queue[np.ndarray | BaseException | None] = field(default_factory=queue.Queue)
     submitted_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None  # when its prefill ran
@@ -189,6 +193,9 @@ class Runner:
         ahead = {}
         for job in self._jobs.values():
             if job.play_at is None:
+                continue
+            if job.listener is not None:
+                ahead[job.stream_id] = job.listener.due(now) - now
                 continue
             start = job.play_at if job.first_frame_at is None else max(job.play_at, job.first_frame_at)
             ahead[job.stream_id] = start + job.draws * self.frame_s - now
