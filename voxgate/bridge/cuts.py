@@ -24,9 +24,11 @@ No cut falls inside:
   other abbreviation holds before a lower-case word or a number) keep its decisions at
   microseconds. pysbd's own context rules are not reproduced: it needs the whole sentence;
 - an inline list marker and its item ("options: 1. restart the router, or 2. reinstall");
-- short markup and bracketed spans: `code`, **bold**, [text](url), (a + b), [0, 1), short
-  CJK quotes and titles (「…」, 《…》). An opener whose closer does not come within `max_span`
-  characters is plain text: it holds the cut for a few words at most, never the reply. A
+- short markup, bracketed and quoted spans: `code`, **bold**, [text](url), (a + b), [0, 1),
+  short CJK quotes and titles (「…」, 《…》), quotations (“…”, ‘…’, and "…" where the `"`
+  opens: at the start, after a space or an opening mark, before a non-space). An opener whose
+  closer does not come within `max_span` characters is plain text: it holds the cut for a few
+  words at most, never the reply. A
   `**` after a letter or digit is an operator (2**8), not bold; a ``` fence is not a span
   (code blocks are cut at their line breaks);
 - a CJK word: a cut between two Chinese characters falls only at a word boundary of jieba
@@ -94,6 +96,8 @@ _NUMBER_PREFIX = "(+$€£¥#-−~≈<>"  # "(800)", "+1", "$5", "~3": a number 
 _BRACKETS = {"(": ")]}", "[": ")]}", "{": ")]}", "（": "）", "【": "】"}
 _QUOTES = {"「": "」", "『": "』", "《": "》", "〈": "〉"}  # CJK titles and quotes (“加油” is a jieba word)
 _QUOTE_SPAN = 16  # a quote protected whole: a word or a title
+_QUOTATIONS = {"“": "”", "‘": "’", '"': '"'}  # quoted words or a short quotation (or error message)
+_OPENS_QUOTE = "([{（【「『《—–-:：，,"  # before a `"` that opens ('say "hi"', '("x")'), with a space
 _LETTERS = re.compile("[A-Za-z]*")
 _WORD_TAIL = re.compile(r"\S*$")  # the word that ends where the search ends
 _CLAUSE_TAIL = re.compile(r"[^.!?…。！？,;:，、；：—\n]*$")  # the text after the last mark
@@ -118,7 +122,8 @@ _KNOWN = frozenset(_ABBREVIATIONS.ABBREVIATIONS) | _BEFORE_NUMBERS | {
     "lb", "lbs", "hrs", "mins", "secs", "yr", "yrs", "mos", "wk", "wks", "pt", "pts", "cca",
     "resp", "govt", "intl", "natl", "dept", "univ", "assoc", "corp", "co", "bros", "sq", "cu", "rte", "apt",
     "ste", "rm", "bldg", "hwy", "pkwy", "ln", "mi", "km", "kg", "cm", "ml", "mg",
-}  # fmt: skip
+    "fed", "civ", "crim", "supp", "evid", "cir", "stat", "ann", "amend", "ch", "cl", "subch", "reg", "regs",
+}  # fmt: skip  # the last line: legal citations ("Fed. R. Civ. P. 56", "42 U.S.C. § 1983", "Cal. Civ. Code")
 
 
 # Abbreviations that are also words ending sentences ("Ask me.", "The answer is no."): these
@@ -219,10 +224,18 @@ def _span_end(text: str, i: int, final: bool, cap: int) -> int | None:
         return -1 if final or i + cap <= n else None
     if ch in _BRACKETS:
         return _closing(text, _BRACKETS[ch], i + 1, i + cap, final)
+    if ch in _QUOTATIONS:
+        if ch == '"':
+            if i + 1 == n:
+                return -1 if final else None
+            before = text[i - 1] if i else " "
+            if text[i + 1].isspace() or not (before.isspace() or before in _OPENS_QUOTE or is_ideograph(before)):
+                return -1  # a closing quote, or 12" (inches)
+        return _closing(text, _QUOTATIONS[ch], i + 1, i + cap + cap // 3, final)  # a quoted message runs long
     return _closing(text, _QUOTES[ch], i + 1, i + _QUOTE_SPAN, final)
 
 
-_SPAN_OPENERS = "`*" + "".join(_BRACKETS) + "".join(_QUOTES)
+_SPAN_OPENERS = "`*" + "".join(_BRACKETS) + "".join(_QUOTES) + "".join(_QUOTATIONS)
 
 
 # ---------------------------------------------------------------------------- the scan
@@ -274,6 +287,13 @@ def scan(text: str, at: int, final: bool, cap: int, fenced: bool) -> tuple[list[
             gap = classify(text, i, end) if end < n else None
             if gap == Gap.WORD and not final and _pending_after_space(text, i, end):
                 break  # what follows may still glue the next word to this one
+            if (
+                gap == Gap.SENTENCE
+                and not final
+                and end + 2 > n
+                and _citation(text[:i].rstrip(_TRAILING), text, end, True)
+            ):
+                break  # "Fed. R" may become "Fed. R. Civ."
             if gap is not None:
                 cuts.append(Cut(end, gap))
             i = end
@@ -321,8 +341,14 @@ def _pending_after_space(text: str, i: int, end: int) -> bool:
     if text[end].isupper() and end + 2 > n:
         return True  # "Bright E" may become "Bright Electronics" (a name), or "Bright E." (not)
     letters = _LETTERS.match(text, end).group()
-    if end + len(letters) == n and letters[:1].isupper() and any(w.startswith(letters.lower()) for w in _AFTER_NAMES):
-        return True  # "Inc" may still become "Inc."
+    if (
+        end + len(letters) == n
+        and (letters[:1].isupper() or letters in ("v", "vs"))
+        and any(w.startswith(letters.lower()) for w in _AFTER_NAMES)
+    ):
+        return True  # "Inc" may still become "Inc.", "Smith v" "Smith v."
+    if _NAME_PARTICLE_PREFIX.fullmatch(text, end) and _capitalised_word_before(text, i):
+        return True  # "Treaty o" may become "Treaty of Versailles"
     tail = text[end : end + 5]
     return (
         text[i - 1 : i].isdigit()
@@ -345,7 +371,11 @@ def _cjk_gap(text: str, p: int, final: bool) -> Gap | bool | None:
     if _KANA.search(text, left, right):  # Japanese: where a particle meets the next word
         if not _HIRAGANA.match(before) or _HIRAGANA.match(after) or after == "ー" or before in "のとかおご":
             return False  # inside a word or a name: 関ヶ原の戦い, ふるさと納税, お願い
-        return Gap.CHAR if before in _JA_PARTICLES else Gap.LEXICAL
+        if before in _JA_PARTICLES:
+            return Gap.CHAR
+        if p >= 2 and is_ideograph(text[p - 2]) and not _KANA.match(text[p - 2]):
+            return False  # one kana between kanji: okurigana inside a compound (問い合わせ, 取り扱い)
+        return Gap.LEXICAL
     words = rjieba.cut(text[left:right])
     offset = 0
     for k, word in enumerate(words):
@@ -354,9 +384,29 @@ def _cjk_gap(text: str, p: int, final: bool) -> Gap | bool | None:
             following = words[k + 1] if k + 1 < len(words) else ""
             if following and following[0] in _ZH_PARTICLES:
                 return False  # 的, 了, 吗 go with the word before them
-            phrase = word[-1] in _ZH_PARTICLES or following in _ZH_OPENERS
-            return Gap.CHAR if phrase else Gap.LEXICAL
+            if word[-1] in _ZH_PARTICLES or following in _ZH_OPENERS:
+                return Gap.CHAR
+            return Gap.LEXICAL if _zh_words_part(text[left:right], p - left) else False
         if offset > p - left:
+            return False
+    return False
+
+
+_ZH_NAMES = frozenset({"nr", "ns", "nt", "nz"})  # jieba's tags for names of people, places, bodies, others
+
+
+def _zh_words_part(window: str, at: int) -> bool:
+    """Whether a word boundary inside a Chinese phrase may still be cut, by the words' parts of
+    speech (jieba's tagger, `rjieba.tag`, ~1.5 us a window): not after a number or a quantity
+    ("两个" | "月", "多" | "模态"), nor between a name and a noun ("北京" | "南站", "张家界" |
+    "国家森林公园"). Where the tagger splits the window otherwise, not at all."""
+    offset, tags = 0, rjieba.tag(window)
+    for k, (word, tag) in enumerate(tags):
+        offset += len(word)
+        if offset == at:
+            after = tags[k + 1][1] if k + 1 < len(tags) else ""
+            return not (tag.startswith(("m", "q")) or (tag in _ZH_NAMES and after.startswith("n")))
+        if offset > at:
             return False
     return False
 
@@ -387,7 +437,9 @@ def classify(text: str, i: int, end: int) -> Gap | None:
             return None if _date_comma(text, word_start, core, after) else Gap.CLAUSE
         if core[-1] != "." or core.endswith(".."):
             return Gap.SENTENCE
-        return None if _abbreviation_holds(core, after) else Gap.SENTENCE
+        if _abbreviation_holds(core, after) or _citation(core, text, end):
+            return None
+        return Gap.SENTENCE
     if core in _DASHES:
         return Gap.CLAUSE
     if not spaced or is_ideograph(text[i - 1]) or is_ideograph(after) or after in SENTENCE + CLAUSE:
@@ -408,6 +460,8 @@ def classify(text: str, i: int, end: int) -> Gap | None:
         and name.isalpha()
     ):
         return None  # a name: "Bright Electronics", "Martin Luther King" (not "I" or "A")
+    if core[:1].isupper() and core.isalpha() and len(core) > 1 and _NAME_PARTICLE.match(text, end):
+        return None  # a name with a particle: "Treaty of Versailles", "Bank of America", "Leonardo da Vinci"
     if core.lower() in _HANGING:
         return None  # "the" | "museum", "to" | "the"
     if core[-1:].isdigit() and _CLOCK.match(text, end):
@@ -418,11 +472,26 @@ def classify(text: str, i: int, end: int) -> Gap | None:
     return Gap.WORD
 
 
+_PARTICLES = ("of", "de", "du", "da", "del", "della", "der", "van", "von", "di", "le", "la")
+_NAME_PARTICLE = re.compile(rf"(?:{'|'.join(_PARTICLES)})[ \t]+[A-Z]")
+_NAME_PARTICLE_PREFIX = re.compile(  # the text so far could still become a particle and a name
+    "|".join(sorted({p[:k] for p in _PARTICLES for k in range(1, len(p) + 1)}, key=len, reverse=True))
+    + rf"|(?:{'|'.join(_PARTICLES)})[ \t]*"
+)
+
+
+def _capitalised_word_before(text: str, i: int) -> bool:
+    word = _WORD_TAIL.search(text, max(i - LOOKBACK, 0), i).group()
+    return len(word) > 1 and word[:1].isupper() and word.isalpha()
+
+
 def _name_suffix(text: str, end: int) -> bool:
     """The next word is one written after a name, with its dot or comma: "Inc.", "Jr.,"."""
     letters = _LETTERS.match(text, end).group()
     follows = text[end + len(letters) : end + len(letters) + 1]
-    return letters[:1].isupper() and letters.lower() in _AFTER_NAMES and follows in (".", ",")
+    return (
+        (letters[:1].isupper() or letters in ("v", "vs")) and letters.lower() in _AFTER_NAMES and follows in (".", ",")
+    )
 
 
 def _date_comma(text: str, word_start: int, core: str, after: str) -> bool:
@@ -457,6 +526,17 @@ def _list_marker(text: str, word_start: int, word: str, after: str) -> bool:
     before = text[max(line - 12, 0) : line].split()
     previous = before[-1] if before else ""
     return previous[-1:] in (":", ",", ";") or previous.lower() in ("or", "and", "then")
+
+
+def _citation(core: str, text: str, end: int, maybe: bool = False) -> bool:
+    """A capitalised abbreviation before an initial ("Fed. R. Civ. P."): a citation goes on.
+    With `maybe`, whether it still could (the initial's dot has not arrived)."""
+    found = _TAIL_WORD.search(core[:-1]) if core.endswith(".") else None
+    if found is None or not found.group()[:1].isupper() or found.group().lower() not in _KNOWN:
+        return False
+    if not text[end : end + 1].isupper():
+        return False
+    return text[end + 1 : end + 2] == "." or (maybe and end + 1 >= len(text))
 
 
 def _abbreviation_holds(core: str, after: str) -> bool:
