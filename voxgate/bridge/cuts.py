@@ -15,30 +15,35 @@ No cut falls inside:
 - a number and the word before or after it ("Python 3.10", "USD 1,299", "No. 3", "+1 (800)
   555-0199", "149.6 million", "180 °C"), or around an operator ("p = 0.31", "n ≥ 30");
 - a phrase left hanging: no cut after "the", "to", "of", "is" and the like ("I think the" |
-  "best approach"), nor between two capitalised words of a name ("Bright Electronics Inc.");
+  "best approach"), nor between two capitalised words of a name ("Bright Electronics Inc."),
+  nor before a particle inside one ("Treaty of Versailles", "Leonardo da Vinci"), nor
+  between two parties ("Smith v. Jones");
 - an abbreviation and the word after it ("Ph.D. in", "Nov. 26", "Dr. Lee", "Ave. between"):
   the lexicons are pysbd's (a maintained rule-based sentence splitter, pinned). Running pysbd
   itself on the stream was measured first and is not usable here: ~30 ms per 200-character
   call on this machine, re-run on every delta, against a 50 us budget per delta; its lists
   with our context rules (a title always holds; a month or "No." holds before a number; any
   other abbreviation holds before a lower-case word or a number) keep its decisions at
-  microseconds. pysbd's own context rules are not reproduced: it needs the whole sentence;
+  microseconds. pysbd's own context rules are not reproduced: it needs the whole sentence. A
+  capitalised abbreviation before an initial is a citation ("Fed. R. Civ. P. 56");
 - an inline list marker and its item ("options: 1. restart the router, or 2. reinstall");
 - short markup, bracketed and quoted spans: `code`, **bold**, [text](url), (a + b), [0, 1),
   short CJK quotes and titles (「…」, 《…》), quotations (“…”, ‘…’, and "…" where the `"`
-  opens: at the start, after a space or an opening mark, before a non-space). An opener whose
-  closer does not come within `max_span` characters is plain text: it holds the cut for a few
-  words at most, never the reply. A
+  opens: at the start, after a space or an opening mark, before a non-space; a quotation or
+  code may run a third longer). An opener whose closer does not come within `max_span`
+  characters is plain text: it holds the cut for a few words at most, never the reply. A
   `**` after a letter or digit is an operator (2**8), not bold; a ``` fence is not a span
   (code blocks are cut at their line breaks);
 - a CJK word: a cut between two Chinese characters falls only at a word boundary of jieba
   (`rjieba`, jieba's Rust port: ~3 us per 10-character window; “加油” is one word), preferably
   where a phrase ends (after 的/了/吗..., before 和/是/我/这个...: `Gap.CHAR`; other word
-  boundaries are `Gap.LEXICAL`, a last resort), never before 的/了, and never leaving one or two
-  characters before a punctuation mark ("见面可以" | "吗？"). Japanese (any kana nearby) is cut
-  only after a particle (は が を に で も へ) before kanji or katakana, else (not after の, と,
-  お...) as a last resort: jieba has no Japanese dictionary and a Japanese analyser (MeCab + a
-  dictionary) costs ~50 MB;
+  boundaries are `Gap.LEXICAL`, a last resort, and not even that after a number or a quantity
+  ("两个" | "月") or between a name and a noun ("北京" | "南站"), by jieba's part-of-speech tags),
+  never before 的/了, and never leaving one or two characters before a punctuation mark
+  ("见面可以" | "吗？"). Japanese (any kana nearby) is cut only after a particle (は が を に で
+  も へ) before kanji or katakana, else (not after の, と, お..., nor a single kana between
+  kanji: 問い合わせ) as a last resort: jieba has no Japanese dictionary and a Japanese analyser
+  (MeCab + a dictionary) costs ~50 MB;
 - a Latin term inside Chinese text, and the marks of a symbol standing alone ("like ! or #").
 """
 
