@@ -265,6 +265,8 @@ def test_the_playback_clock_waits_through_gaps():
     clock.add(1.0, 20.0)  # after the gap, playback goes on from now
     assert clock.end == 21.0 and clock.buffered(25.0) == 0.0 and clock.sent_s == 4.0
     assert clock.wait_s(20.5, 0.3) == 0.2 and clock.wait_s(20.9, 0.3) == 0.0  # pacing: at most 0.3 s in hand
+    clock.reset()
+    assert clock.due(30.0) == 30.0 and clock.buffered(30.0) == 0.0 and clock.sent_s == 0.0
 
 
 def test_a_new_streams_first_chunk_goes_before_a_buffered_streams_next_one():

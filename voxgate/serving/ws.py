@@ -226,6 +226,7 @@ class Gateway:
                     "sample_rate": s.sample_rate, "format": s.config.format, "resumed": resumed,
                     "next_unit_index": s.next_unit, "resume_window_s": self.settings.ws_resume_window_s})  # fmt: skip
         live.pace_clock, live.pace_utterance = PlaybackClock(), -1
+        live.clock.reset()  # what the last socket had is gone with it; a replay counts anew
         live.writer = asyncio.get_running_loop().create_task(self._write(live, websocket))
         live.work.set()  # a synthesiser that held back while nobody listened goes on
 

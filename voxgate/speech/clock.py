@@ -25,6 +25,10 @@ class PlaybackClock:
         self.end: float | None = None  # when the audio sent so far ends playing; None before any
         self.sent_s = 0.0  # seconds of audio sent
 
+    def reset(self) -> None:
+        """A new listener (a resumed session's new socket): nothing in hand yet."""
+        self.end, self.sent_s = None, 0.0
+
     def add(self, seconds: float, now: float) -> None:
         """`seconds` of audio handed to the listener at `now`."""
         self.end = max(self.end if self.end is not None else now, now) + seconds
