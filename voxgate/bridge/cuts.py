@@ -296,7 +296,7 @@ def scan(text: str, at: int, final: bool, cap: int, fenced: bool) -> tuple[list[
                 gap == Gap.SENTENCE
                 and not final
                 and end + 2 > n
-                and _citation(text[:i].rstrip(_TRAILING), text, end, True)
+                and _citation(text[max(i - LOOKBACK, 0) : i].rstrip(_TRAILING), text, end, True)
             ):
                 break  # "Fed. R" may become "Fed. R. Civ."
             if gap is not None:
