@@ -29,9 +29,10 @@ No cut falls inside:
 - an inline list marker and its item ("options: 1. restart the router, or 2. reinstall");
 - short markup, bracketed and quoted spans: `code`, **bold**, [text](url), (a + b), [0, 1),
   short CJK quotes and titles (「…」, 《…》), quotations (“…”, ‘…’, and "…" where the `"`
-  opens: at the start, after a space or an opening mark, before a non-space; a quotation or
-  code may run a third longer). An opener whose closer does not come within `max_span`
-  characters is plain text: it holds the cut for a few words at most, never the reply. A
+  opens: at the start, after a space or an opening mark, before a non-space; a quotation may
+  run a third longer, inline code twice as long: a shell or SQL line). An opener whose closer
+  does not come within `max_span` characters is plain text: it holds the cut for a few words
+  at most, never the reply. A
   `**` after a letter or digit is an operator (2**8), not bold; a ``` fence is not a span
   (code blocks are cut at their line breaks);
 - a CJK word: a cut between two Chinese characters falls only at a word boundary of jieba
@@ -39,8 +40,9 @@ No cut falls inside:
   where a phrase ends (after 的/了/吗..., before 和/是/我/这个...: `Gap.CHAR`; other word
   boundaries are `Gap.LEXICAL`, a last resort, and not even that after a number or a quantity
   ("两个" | "月") or between a name and a noun ("北京" | "南站"), by jieba's part-of-speech tags),
-  never before 的/了, and never leaving one or two characters before a punctuation mark
-  ("见面可以" | "吗？"). Japanese (any kana nearby) is cut only after a particle (は が を に で
+  never before 的/了, and never leaving one or two characters before a punctuation mark or an
+  emoji ("见面可以" | "吗？", "累死" | "我了😂"), nor three after a modifier's 的 ("直立的" |
+  "小尖角。"). Japanese (any kana nearby) is cut only after a particle (は が を に で
   も へ) before kanji or katakana, else (not after の, と, お..., nor a single kana between
   kanji: 問い合わせ) as a last resort: jieba has no Japanese dictionary and a Japanese analyser
   (MeCab + a dictionary) costs ~50 MB;
@@ -213,7 +215,7 @@ def _span_end(text: str, i: int, final: bool, cap: int) -> int | None:
             return None
         if ticks >= 3:
             return -1  # a code fence (the scan steps over it)
-        limit = i + cap + cap // 3  # code runs longer than prose markup
+        limit = i + 2 * cap  # code runs longer than prose markup (a shell or SQL line)
         found = text.find("`" * ticks, i + ticks, limit)
         if found >= 0:
             return found + ticks
@@ -371,6 +373,9 @@ def _cjk_gap(text: str, p: int, final: bool) -> Gap | bool | None:
         return None
     if any(ch in _MARKS for ch in text[p + 1 : p + 3]):
         return False  # one or two characters left before a punctuation mark
+    ends_clause = right < n and (text[right] in _MARKS or unicodedata.category(text[right]) == "So")
+    if ends_clause and right - p <= 2:
+        return False  # or before an emoji, which ends a clause as a mark does ("笑死" | "我了😂")
     left = _IDEOGRAPHS_END.search(text, max(p - CJK_LEFT, 0), p).start()
     before, after = text[p - 1], text[p]
     if _KANA.search(text, left, right):  # Japanese: where a particle meets the next word
@@ -390,6 +395,8 @@ def _cjk_gap(text: str, p: int, final: bool) -> Gap | bool | None:
             if following and following[0] in _ZH_PARTICLES:
                 return False  # 的, 了, 吗 go with the word before them
             if word[-1] in _ZH_PARTICLES or following in _ZH_OPENERS:
+                if word[-1] in "的地得" and ends_clause and right - p <= 3:
+                    return False  # a modifier keeps a short noun that ends the clause ("直立的" | "小尖角。")
                 return Gap.CHAR
             return Gap.LEXICAL if _zh_words_part(text[left:right], p - left) else False
         if offset > p - left:
