@@ -96,6 +96,7 @@ _FREE = "…。！？，、；：—"  # CJK-style marks: a boundary even with n
 _CLOSERS = "\"'”’」』）)]》〉】"
 _TRAILING = _CLOSERS + "*_`"
 _MARKS = SENTENCE + CLAUSE + _CLOSERS
+_MARK = re.compile(f"[{re.escape(_MARKS)}]")
 _DASHES = ("-", "--", "–", "—", "...", "…")
 _OPERATORS = "=<>≤≥≈≠±×÷^+/*→"
 _INFIX = "=<>≤≥≈≠±×÷^→"  # no cut before these either ("p =", "n ≥")
@@ -371,7 +372,7 @@ def _cjk_gap(text: str, p: int, final: bool) -> Gap | bool | None:
     right = _IDEOGRAPHS.match(text, p, p + CJK_RIGHT).end()  # one regex call per side: this runs per character
     if ((right == n and right < p + CJK_RIGHT) or p + 3 > n) and not final:
         return None
-    if any(ch in _MARKS for ch in text[p + 1 : p + 3]):
+    if _MARK.search(text, p + 1, p + 3):
         return False  # one or two characters left before a punctuation mark
     ends_clause = right < n and (text[right] in _MARKS or unicodedata.category(text[right]) == "So")
     if ends_clause and right - p <= 2:
