@@ -16,6 +16,8 @@ from voxgate.types import UnsupportedFormat, UnsupportedSampleRate
 
 AudioFormat = Literal["pcm", "wav", "mulaw"]
 FORMATS: tuple[str, ...] = ("pcm", "wav", "mulaw")
+COMPRESSED: tuple[str, ...] = ("mp3", "opus", "aac", "flac")  # HTTP only: `audio_encode.CompressedEncoder`
+OPUS_RATES: tuple[int, ...] = (8000, 12000, 16000, 24000, 48000)  # what libopus takes
 SAMPLE_RATES: tuple[int, ...] = (8000, 16000, 22050, 24000, 44100, 48000)
 MULAW_RATE = 8000
 
@@ -101,10 +103,13 @@ def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
     return samples.astype(np.float32), rate
 
 
-def check_output(fmt: str, sample_rate: int | None, native_rate: int) -> int:
-    """Validate a requested format and rate; return the output sample rate."""
-    if fmt not in FORMATS:
-        raise UnsupportedFormat(f"format {fmt!r} is not supported; use one of {', '.join(FORMATS)}")
+def check_output(fmt: str, sample_rate: int | None, native_rate: int, formats: tuple[str, ...] = FORMATS) -> int:
+    """Validate a requested format (one of `formats`) and rate; return the output sample rate."""
+    if fmt not in formats:
+        raise UnsupportedFormat(f"format {fmt!r} is not supported here; use one of {', '.join(formats)}")
+    if fmt == "opus" and (sample_rate or native_rate) not in OPUS_RATES:
+        rates = ", ".join(str(r) for r in OPUS_RATES)
+        raise UnsupportedSampleRate(f"opus takes sample_rate {rates}, not {sample_rate or native_rate}")
     if fmt == "mulaw":
         if sample_rate not in (None, MULAW_RATE):
             raise UnsupportedSampleRate(f"mulaw is 8000 Hz only, got sample_rate={sample_rate}")
@@ -172,6 +177,9 @@ class StreamEncoder:
     def flush(self) -> bytes:
         """The last bytes of the stream (what the resampler still held)."""
         return self._emit(self._resampler.flush(), final=True)
+
+    def close(self) -> None:
+        """Nothing to free (a compressed encoder frees its codec here)."""
 
     def _emit(self, out: np.ndarray, final: bool = False) -> bytes:
         self.samples_out += len(out)

@@ -54,11 +54,45 @@ def test_sse_through_the_openai_client(client):
     assert audio == tone_pcm("sse via sdk") and events[-1]["type"] == "speech.audio.done"
 
 
+def _decoded(data: bytes) -> tuple[float, int]:
+    """Seconds and rate of an encoded stream, decoded with PyAV."""
+    import av
+
+    with av.open(io.BytesIO(data)) as media:
+        samples = sum(frame.samples for frame in media.decode(audio=0))
+        rate = media.streams.audio[0].rate
+    return samples / rate, rate
+
+
+def test_the_default_format_is_mp3_as_openai_s(client):
+    """An SDK call with no response_format (LiveKit's and pipecat's defaults) gets mp3."""
+    with client.audio.speech.with_streaming_response.create(
+        model="gpt-4o-mini-tts-2025-12-15", voice="alloy", input="mp3 by default"
+    ) as response:
+        assert response.headers["content-type"] == "audio/mpeg"
+        data = b"".join(response.iter_bytes())
+    seconds, rate = _decoded(data)
+    expected = len(tone_pcm("mp3 by default")) / 2 / 24000
+    assert rate == 24000 and expected <= seconds <= expected + 0.2
+
+
+@pytest.mark.parametrize(("fmt", "media"), [("opus", "audio/ogg"), ("aac", "audio/aac"), ("flac", "audio/flac")])
+def test_each_compressed_format_streams_and_decodes(tone_server, fmt, media):
+    body = {"model": "tts-1-hd", "voice": "alloy", "input": f"streamed {fmt}", "response_format": fmt}
+    with httpx.stream("POST", f"{tone_server.url}/v1/audio/speech", json=body, timeout=30) as r:
+        assert r.status_code == 200 and r.headers["content-type"] == media
+        data = b"".join(r.iter_bytes())
+    seconds, _ = _decoded(data)
+    expected = len(tone_pcm(f"streamed {fmt}")) / 2 / 24000
+    assert expected <= seconds <= expected + 0.2
+
+
 @pytest.mark.parametrize(
     ("kwargs", "code"),
     [
         ({"model": "no-such-model"}, "unknown_model"),
-        ({"response_format": "mp3"}, "unsupported_format"),
+        ({"response_format": "webm"}, "unsupported_format"),
+        ({"model": "gpt-4o-mini-tts-latest"}, "unknown_model"),
         ({"voice": "nobody"}, "unknown_voice"),
         ({"input": "   "}, "empty_text"),
     ],

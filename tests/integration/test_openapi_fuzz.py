@@ -76,10 +76,10 @@ REFUSED = [  # (path, body): refused by the server (400 or 413), so the document
     ("/tts/stream", {"text": "a\u0000b"}),
     ("/tts/stream", {"text": "Okay, then\u0007"}),
     ("/tts/stream", {"text": "x" * 301}),
-    ("/tts/stream", {"text": "hi", "format": "mp3"}),
+    ("/tts/stream", {"text": "hi", "format": "webm"}),
     ("/v1/audio/speech", {**SPEECH, "input": ""}),
     ("/v1/audio/speech", {**SPEECH, "input": "\u009f"}),
-    ("/v1/audio/speech", {**SPEECH, "response_format": "opus"}),
+    ("/v1/audio/speech", {**SPEECH, "response_format": "webm"}),
     ("/v1/audio/speech", {**SPEECH, "stream_format": "ws"}),
 ]
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
+from voxgate.audio import COMPRESSED, FORMATS
 from voxgate.audio_decode import decode_audio
+from voxgate.audio_encode import MEDIA_TYPES
 from voxgate.engines.base import Engine, VoiceCloner
 from voxgate.serving.http_stream import open_stream
 from voxgate.serving.openapi import (
@@ -48,6 +51,10 @@ from voxgate.types import (
 router = APIRouter()
 OPENAI_RATE = 24000  # OpenAI's pcm is 24 kHz, 16-bit, mono
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "voxgate")
+_OPENAI_MODEL = re.compile(r"(tts-1(-hd)?|gpt-4o(-mini)?-tts)(-\d{4}-\d{2}-\d{2})?")  # and their dated snapshots
+HTTP_FORMATS = (*FORMATS, *COMPRESSED)  # streamed: compressed audio is encoded as it is made
+SPEECH_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")  # OpenAI's, mp3 its default
+COMPRESSED_MEDIA = {MEDIA_TYPES[f]: BINARY for f in COMPRESSED}
 
 
 def state_of(request: Request) -> ServerState:
@@ -83,8 +90,9 @@ _CLONING = "not_supported: this engine cannot clone voices"
     ),
     responses={
         200: streamed(
-            "chunked audio: pcm (s16le mono), wav (a header of unknown length, then s16le) or mulaw (8 kHz)",
-            {"audio/pcm": BINARY, "audio/wav": BINARY, "audio/basic": BINARY},
+            "chunked audio: pcm (s16le mono), wav (a header of unknown length, then s16le), mulaw (8 kHz), "
+            "or encoded as it streams: mp3, opus (Ogg), aac (ADTS), flac",
+            {"audio/pcm": BINARY, "audio/wav": BINARY, "audio/basic": BINARY, **COMPRESSED_MEDIA},
             AUDIO_HEADERS,
         ),
         **errors({400: "invalid_request, empty_text, unknown_voice, unsupported_format, unsupported_sample_rate, "
@@ -92,7 +100,7 @@ _CLONING = "not_supported: this engine cannot clone voices"
     },
 )  # fmt: skip
 async def tts_stream(request: Request) -> Response:
-    """Stream speech for `text` as chunked audio (pcm16, wav or 8 kHz mu-law)."""
+    """Stream speech for `text` as chunked audio (pcm16, wav, 8 kHz mu-law, mp3, opus, aac, flac)."""
     state = state_of(request)
     body = parse_body(TTSStreamBody, await request.body())
     plan = state.plan(
@@ -107,6 +115,7 @@ async def tts_stream(request: Request) -> Response:
         priority=body.priority,
         request_id=request_id_of(request),
         client=client_of(request),
+        formats=HTTP_FORMATS,
     )
     return await open_stream(state, request, plan, endpoint="/tts/stream", sse=False)
 
@@ -116,15 +125,16 @@ async def tts_stream(request: Request) -> Response:
     response_class=Response,
     openapi_extra=json_body(
         SpeechBody,
-        wav={"model": "tts-1", "input": "Hello there.", "voice": "alloy"},
+        mp3={"model": "tts-1", "input": "Hello there.", "voice": "alloy"},
         pcm={"model": "tts-1", "input": "Hello there.", "voice": "alloy", "response_format": "pcm"},
         sse={"model": "tts-1", "input": "Hello there.", "voice": "alloy", "stream_format": "sse"},
     ),
     responses={
         200: streamed(
-            "chunked audio (pcm: 24 kHz s16le mono; wav), or with stream_format sse the events "
+            "chunked audio at 24 kHz, encoded as it streams (mp3 by default, opus in Ogg, aac in ADTS, "
+            "flac, wav, pcm: s16le mono), or with stream_format sse the events "
             "speech.audio.delta {audio: base64} and speech.audio.done {usage}",
-            {"audio/pcm": BINARY, "audio/wav": BINARY, "text/event-stream": sse(SPEECH_EVENT)},
+            {"audio/pcm": BINARY, "audio/wav": BINARY, **COMPRESSED_MEDIA, "text/event-stream": sse(SPEECH_EVENT)},
             AUDIO_HEADERS,
         ),
         **errors({400: "invalid_request, empty_text, unknown_model, unknown_voice, unsupported_format, "
@@ -136,12 +146,14 @@ async def audio_speech(request: Request) -> Response:
     state = state_of(request)
     body = parse_body(SpeechBody, await request.body())
     engine = state.require_engine()
-    if body.model not in (*OPENAI_MODELS, engine.name):
-        raise UnknownModel(f"unknown model {body.model!r}; use one of {', '.join((*OPENAI_MODELS, engine.name))}")
+    if body.model not in (*OPENAI_MODELS, engine.name) and not _OPENAI_MODEL.fullmatch(body.model):
+        names = ", ".join((*OPENAI_MODELS, engine.name))
+        raise UnknownModel(f"unknown model {body.model!r}; use one of {names} (or a dated OpenAI TTS snapshot)")
     if body.stream_format not in ("audio", "sse"):
         raise InvalidRequest(f"stream_format must be 'audio' or 'sse', not {body.stream_format!r}")
-    if body.response_format not in ("pcm", "wav"):
-        raise UnsupportedFormat(f"response_format {body.response_format!r} is not supported; use 'pcm' or 'wav'")
+    if body.response_format not in SPEECH_FORMATS:
+        formats = ", ".join(SPEECH_FORMATS)
+        raise UnsupportedFormat(f"response_format {body.response_format!r} is not supported; use one of {formats}")
     plan = state.plan(
         text=body.input,
         voice=body.voice_id,
@@ -151,6 +163,7 @@ async def audio_speech(request: Request) -> Response:
         instructions=body.instructions,
         request_id=request_id_of(request),
         client=client_of(request),
+        formats=SPEECH_FORMATS,
     )
     return await open_stream(state, request, plan, endpoint="/v1/audio/speech", sse=body.stream_format == "sse")
 

@@ -14,6 +14,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from voxgate.audio import StreamEncoder, split_bytes
+from voxgate.audio_encode import CompressedEncoder, make_encoder
 from voxgate.serving.protocol import error_of
 from voxgate.serving.state import ServerState, StreamPlan
 from voxgate.serving.stream import AudioStreamResponse, DisconnectWatch, StreamOutcome
@@ -89,7 +90,7 @@ async def open_stream(state: ServerState, request: Request, plan: StreamPlan, en
     if watch.gone.is_set():
         outcome.status = "client_disconnect"
 
-    encoder = StreamEncoder(plan.fmt, engine.sample_rate, plan.sample_rate)
+    encoder = make_encoder(plan.fmt, engine.sample_rate, plan.sample_rate)
     chunk_ms = state.settings.chunk_ms
     piece = encoder.bytes_per_sample * (plan.sample_rate * chunk_ms // 1000)
     body = _audio_pieces(encoder, piece, outcome.timing, hit, first, stream)
@@ -131,7 +132,7 @@ class _StreamEnd:
 
 
 async def _audio_pieces(
-    encoder: StreamEncoder,
+    encoder: StreamEncoder | CompressedEncoder,
     piece: int,
     timing: Timing,
     hit: StarterHit | None,
@@ -139,6 +140,21 @@ async def _audio_pieces(
     stream: EngineStream | None,
 ) -> AsyncIterator[bytes]:
     """Encoded wire pieces: the cached opener (if any), then the engine's chunks."""
+    try:
+        async for part in _encoded(encoder, piece, timing, hit, first, stream):
+            yield part
+    finally:
+        encoder.close()  # a stream that ended early frees its codec
+
+
+async def _encoded(
+    encoder: StreamEncoder | CompressedEncoder,
+    piece: int,
+    timing: Timing,
+    hit: StarterHit | None,
+    first: AudioChunk | None,
+    stream: EngineStream | None,
+) -> AsyncIterator[bytes]:
     if hit is not None:
         for part in split_bytes(encoder.encode(hit.samples), piece):
             yield part

@@ -6,7 +6,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from voxgate.audio import FORMATS, SAMPLE_RATES
+from voxgate.audio import COMPRESSED, FORMATS, SAMPLE_RATES
 from voxgate.types import InvalidRequest, VoxgateError
 
 M = TypeVar("M", bound=BaseModel)
@@ -32,7 +32,10 @@ class TTSStreamBody(BaseModel):
     text: str = Field(description=_SPOKEN, json_schema_extra=SPOKEN_TEXT, examples=["Hello there."])
     voice: str | None = None
     language: str | None = None
-    format: str = Field("pcm", json_schema_extra={"enum": list(FORMATS)}, description="mulaw is 8 kHz only")
+    format: str = Field(
+        "pcm", json_schema_extra={"enum": [*FORMATS, *COMPRESSED]},
+        description="mulaw is 8 kHz only; mp3, opus (Ogg), aac (ADTS) and flac are encoded as they stream",
+    )  # fmt: skip
     sample_rate: int | None = Field(
         None, description=f"the engine's own rate by default; else one of {', '.join(map(str, SAMPLE_RATES))}"
     )
@@ -66,15 +69,14 @@ class VoiceRef(BaseModel):
 
 class SpeechBody(BaseModel):
     """`POST /v1/audio/speech`, OpenAI-compatible. Extra fields are ignored, as new SDK
-    versions may add some; mp3/opus/aac/flac are refused with `unsupported_format`."""
+    versions may add some."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str = Field(description="tts-1, tts-1-hd, gpt-4o-mini-tts, voxgate or the engine's name", examples=["tts-1"])
     input: str = Field(description=_SPOKEN, json_schema_extra=SPOKEN_TEXT, examples=["Hello there."])
     voice: str | VoiceRef = Field(description="a voice id, or one of VOXGATE_VOICE_ALIASES", examples=["alloy"])
-    # OpenAI's default is mp3, which voxgate does not encode (`unsupported_format`)
-    response_format: str = Field("wav", json_schema_extra={"enum": ["pcm", "wav"]})
+    response_format: str = Field("mp3", json_schema_extra={"enum": ["mp3", "opus", "aac", "flac", "wav", "pcm"]})
     speed: float = Field(1.0, ge=0.25, le=4.0)
     instructions: str | None = None
     stream_format: str = Field("audio", json_schema_extra={"enum": ["audio", "sse"]})

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from voxgate.audio import AudioFormat, check_output
+from voxgate.audio import FORMATS, AudioFormat, check_output
 from voxgate.bridge.llm import LLMConfig, LLMNotConfigured
 from voxgate.bridge.pipeline import ChunkStream
 from voxgate.config import Settings
@@ -235,6 +235,7 @@ class ServerState:
         priority: int = 0,
         request_id: str = "",
         client: str | None = None,
+        formats: tuple[str, ...] = FORMATS,
     ) -> StreamPlan:
         """Validate a request against the limits and the engine; raises typed errors.
 
@@ -255,7 +256,7 @@ class ServerState:
             request_id=request_id,
         )
         check_request(engine, request)
-        rate = check_output(fmt, sample_rate, engine.sample_rate)
+        rate = check_output(fmt, sample_rate, engine.sample_rate, formats)
         return StreamPlan(request, fmt, rate)  # type: ignore[arg-type]
 
     def _voice_for(self, client: str | None, voice: str | None) -> str:
