@@ -48,7 +48,7 @@ def test_the_stream_decodes_to_the_same_tone(fmt):
     decoded, rate = _decode(b"".join(parts) + tail)
     seconds = len(decoded) / rate
     assert 1.5 <= seconds <= 1.5 + 0.2, seconds  # codec priming and the padded last frame, no more
-    spectrum = np.abs(np.fft.rfft(decoded[: rate]))
+    spectrum = np.abs(np.fft.rfft(decoded[:rate]))
     assert abs(np.argmax(spectrum) - 440) <= 2  # the pitch (a 1 s window: 1 Hz bins)
     assert 0.15 < np.sqrt(np.mean(decoded[rate // 4 : rate] ** 2)) < 0.25  # its level (0.3 peak: RMS 0.21)
 
