@@ -3,7 +3,9 @@
 For each engine it starts `voxgate serve` on a free port, warms it, then times sequential
 requests (client side, and server side from /debug/timings by request id): a plain
 sentence, the same sentence behind a starter-cache opener, and a burst of concurrent
-streams. Numbers are medians/percentiles; the first requests are untimed warm-up.
+streams; with `--formats`, the plain sentence in each output format (what encoding as it
+streams adds to the first byte). Numbers are medians/percentiles; the first requests are
+untimed warm-up.
 """
 
 from __future__ import annotations
@@ -30,16 +32,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n", type=int, default=30, help="timed requests per series (default 30)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed requests first (default 3)")
     parser.add_argument("--concurrency", type=int, default=20, help="concurrent streams in the burst series")
+    parser.add_argument(
+        "--formats", default="", help="also time the plain sentence in these formats, e.g. pcm,mp3,opus,aac,flac"
+    )
     add_set_argument(parser)
     parser.add_argument("--output-json", default=None, help="where to write results (default bench/results/...)")
 
 
-def time_request(client: httpx.Client, url: str, text: str, request_id: str) -> dict[str, float]:
-    """One streamed /tts/stream request timed on the client."""
+def time_request(client: httpx.Client, url: str, text: str, request_id: str, fmt: str = "pcm") -> dict[str, float]:
+    """One streamed /tts/stream request timed on the client (audio seconds: pcm only)."""
     t0 = time.perf_counter()
     first = None
     size = 0
-    with client.stream("POST", f"{url}/tts/stream", json={"text": text}, headers={"x-request-id": request_id}) as r:
+    body = {"text": text, "format": fmt}
+    with client.stream("POST", f"{url}/tts/stream", json=body, headers={"x-request-id": request_id}) as r:
         r.raise_for_status()
         rate = int(r.headers["x-sample-rate"])
         for part in r.iter_raw():
@@ -62,33 +68,43 @@ def _server_timings(client: httpx.Client, url: str, ids: list[str], admin: dict[
         time.sleep(0.02)
 
 
-def _series(url: str, text: str, n: int, warmup: int, concurrency: int, admin: dict[str, str]) -> dict[str, Any]:
+def _series(
+    url: str, text: str, n: int, warmup: int, concurrency: int, admin: dict[str, str], fmt: str = "pcm"
+) -> dict[str, Any]:
     ids = [f"bench-{uuid.uuid4().hex[:12]}" for _ in range(n)]
     with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=concurrency + 2)) as client:
         for _ in range(warmup):
-            time_request(client, url, text, f"warm-{uuid.uuid4().hex[:8]}")
+            time_request(client, url, text, f"warm-{uuid.uuid4().hex[:8]}", fmt)
         if concurrency == 1:
-            client_rows = [time_request(client, url, text, rid) for rid in ids]
+            client_rows = [time_request(client, url, text, rid, fmt) for rid in ids]
         else:
             with ThreadPoolExecutor(concurrency) as pool:
-                client_rows = list(pool.map(lambda rid: time_request(client, url, text, rid), ids))
+                client_rows = list(pool.map(lambda rid: time_request(client, url, text, rid, fmt), ids))
         server_rows = _server_timings(client, url, ids, admin)
     return {
         "text": text,
+        "format": fmt,
         "concurrency": concurrency,
         "client_ttfa_ms": summary([r["ttfa_ms"] for r in client_rows]),
         "server_ttfa_ms": summary([r["ttfa_ms"] for r in server_rows if r["ttfa_ms"] is not None]),
         "server_rtf": summary([r["rtf"] for r in server_rows if r["rtf"] is not None], digits=4),
-        "audio_s": summary([r["audio_s"] for r in client_rows]),
+        "audio_s": summary([r["audio_s"] for r in (client_rows if fmt == "pcm" else server_rows)]),
         "starter_hits": sum(1 for r in server_rows if r["starter"]),
     }
 
 
 def bench_engine(
-    engine: str, n: int, warmup: int, concurrency: int, settings: dict[str, str] | None = None
+    engine: str,
+    n: int,
+    warmup: int,
+    concurrency: int,
+    settings: dict[str, str] | None = None,
+    formats: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
-    limits = {"MAX_STREAMS": str(max(64, concurrency)), "MAX_STREAMS_PER_CLIENT": str(max(8, concurrency))}
+    # A stream's slot is freed just after its response ends: twice the burst, so a request sent on the
+    # heels of the last one is not refused while that slot is still being let go.
+    limits = {"MAX_STREAMS": str(max(64, 2 * concurrency)), "MAX_STREAMS_PER_CLIENT": str(max(8, 2 * concurrency))}
     with ServerProcess(engine=engine, env={**limits, **(settings or {})}) as server:
         startup_s = time.perf_counter() - t0
         print(f"[{engine}] server ready in {startup_s:.1f} s at {server.url}", flush=True)
@@ -101,6 +117,9 @@ def bench_engine(
             print(f"[{engine}] {name}: {n} requests, concurrency {conc} ...", flush=True)
             count = n if conc == 1 else max(n, conc)
             result[name] = _series(server.url, text, count, warmup, conc, server.admin_headers())
+        for fmt in formats:
+            print(f"[{engine}] format {fmt}: {n} requests ...", flush=True)
+            result[f"format_{fmt}"] = _series(server.url, TEN_WORDS, n, warmup, 1, server.admin_headers(), fmt)
     return result
 
 
@@ -125,12 +144,14 @@ def run_http_bench(args: argparse.Namespace) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     before = machine()
     settings = settings_env(args.set, "voxgate bench http")
-    results = {e: bench_engine(e, args.n, args.warmup, args.concurrency, settings) for e in engines}
+    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    results = {e: bench_engine(e, args.n, args.warmup, args.concurrency, settings, formats) for e in engines}
     stamp = datetime.now(UTC)
     report = {
         "bench": "http",
         "date": stamp.isoformat(timespec="seconds"),
         "command": f"voxgate bench http --engines {args.engines} --n {args.n} --concurrency {args.concurrency}"
+        + (f" --formats {args.formats}" if formats else "")
         + "".join(f" --set {pair}" for pair in args.set),
         "machine": before,
         "load_avg_1m_after": machine()["load_avg_1m"],
