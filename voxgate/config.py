@@ -107,7 +107,12 @@ class Settings(BaseSettings):
     )
     voice_aliases: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: list(OPENAI_VOICES),
-        description="Voice names (e.g. OpenAI's) accepted as the default voice.",
+        description="Voice names (e.g. OpenAI's) accepted for the server's voices: each its own where the engine "
+        "has enough (the default voice first, then the others in name order), else shared.",
+    )
+    voice_map: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Aliases pinned to voices, NAME=VOICE pairs (e.g. alloy=vivian,echo=ryan); the rest as above.",
     )
     gc_freeze: bool = Field(
         True,
@@ -234,10 +239,21 @@ class Settings(BaseSettings):
         "listener is held while others need frames (the deadline rule); 0 turns holding off.",
     )
 
-    @field_validator("api_keys", "admin_keys", "allowed_origins", "starter_phrases", "voice_aliases", mode="before")
+    @field_validator(
+        "api_keys", "admin_keys", "allowed_origins", "starter_phrases", "voice_aliases", "voice_map", mode="before"
+    )
     @classmethod
     def _lists(cls, value: Any) -> Any:
         return _split_list(value)
+
+    @field_validator("voice_map")
+    @classmethod
+    def _pairs(cls, value: list[str]) -> list[str]:
+        for pair in value:
+            name, _, voice = pair.partition("=")
+            if not name.strip() or not voice.strip():
+                raise ValueError(f"voice_map entries are NAME=VOICE, got {pair!r}")
+        return value
 
 
 def describe_settings() -> list[tuple[str, str, str]]:

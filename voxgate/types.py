@@ -140,6 +140,7 @@ class VoxgateError(Exception):
     code = "internal_error"
     status = 500
     retry_after_s: int | None = None
+    param: str | None = None  # the request field at fault, when known (OpenAI's `param`)
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

@@ -43,7 +43,7 @@ CASES = [
     ("/v1/audio/speech", {**SPEECH, "response_format": "mulaw"}, 400, "unsupported_format"),
     ("/v1/audio/speech", {**SPEECH, "stream_format": "ws"}, 400, "invalid_request"),
     ("/v1/audio/speech", {**SPEECH, "input": ""}, 400, "empty_text"),
-    ("/v1/audio/speech", {**SPEECH, "input": "y" * 501}, 413, "text_too_long"),
+    ("/v1/audio/speech", {**SPEECH, "input": "y" * 501}, 400, "text_too_long"),  # 400 as OpenAI, not 413
     ("/v1/audio/speech", {**SPEECH, "voice": "nobody"}, 400, "unknown_voice"),
 ]
 

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from tests.conftest import tone_pcm
+from voxgate.bench.server import ServerProcess
 
 
 @pytest.fixture
@@ -103,3 +104,18 @@ def test_bad_requests_raise_typed_openai_errors(client, kwargs, code):
         client.audio.speech.create(**args)
     assert info.value.status_code == 400
     assert info.value.body["code"] == code
+
+
+def test_openai_voice_names_reach_every_server_voice_and_can_be_pinned(tone_server, client):
+    """The tone engine has two voices: OpenAI's names take them in turn (the default first), so a
+    client that only knows those names still reaches both; VOXGATE_VOICE_MAP pins a name."""
+    listed = httpx.get(f"{tone_server.url}/v1/voices", timeout=30).json()["alias_voices"]
+    assert listed["alloy"] == "tone" and listed["ash"] == "tone-high" and set(listed.values()) == {"tone", "tone-high"}
+    audio = client.audio.speech.create(model="tts-1", voice="ash", input="a second voice", response_format="pcm")
+    assert audio.content == tone_pcm("a second voice", "tone-high")
+    with ServerProcess("tone", env={"VOICE_MAP": "alloy=tone-high,nova=tone"}) as pinned:
+        pinned_client = openai.OpenAI(base_url=f"{pinned.url}/v1", api_key="unused", max_retries=0)
+        audio = pinned_client.audio.speech.create(model="tts-1", voice="alloy", input="pinned", response_format="pcm")
+        assert audio.content == tone_pcm("pinned", "tone-high")
+        mapped = httpx.get(f"{pinned.url}/v1/voices", timeout=30).json()["alias_voices"]
+        assert mapped["alloy"] == "tone-high" and mapped["nova"] == "tone" and mapped["ash"] == "tone"

@@ -33,7 +33,7 @@ from voxgate.serving.metrics import Metrics
 from voxgate.serving.openapi import document_api
 from voxgate.serving.page import PAGE_PATHS
 from voxgate.serving.page import router as page_router
-from voxgate.serving.protocol import describe_validation, error_body
+from voxgate.serving.protocol import describe_validation, error_body, error_of
 from voxgate.serving.state import ServerState
 from voxgate.serving.tokens import router as token_router
 from voxgate.serving.ws import Gateway
@@ -109,13 +109,13 @@ def error_response(exc: VoxgateError, metrics: Metrics) -> JSONResponse:
     headers = {"www-authenticate": "Bearer"} if isinstance(exc, Unauthorized) else {}
     if exc.retry_after_s is not None:
         headers["retry-after"] = str(exc.retry_after_s)
-    return JSONResponse(error_body(exc.code, exc.message), status_code=exc.status, headers=headers or None)
+    return JSONResponse(error_of(exc), status_code=exc.status, headers=headers or None)
 
 
 def _install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
     def plain(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
         metrics.errors.labels(code).inc()
-        return JSONResponse(error_body(code, message), status_code=status, headers=headers)
+        return JSONResponse(error_body(code, message, status), status_code=status, headers=headers)
 
     @app.exception_handler(VoxgateError)
     async def on_voxgate_error(_: Request, exc: VoxgateError) -> JSONResponse:

@@ -43,6 +43,7 @@ from voxgate.types import (
     InvalidRequest,
     NotFound,
     NotSupported,
+    TextTooLong,
     UnknownModel,
     UnsupportedFormat,
     VoiceInfo,
@@ -137,8 +138,10 @@ async def tts_stream(request: Request) -> Response:
             {"audio/pcm": BINARY, "audio/wav": BINARY, **COMPRESSED_MEDIA, "text/event-stream": sse(SPEECH_EVENT)},
             AUDIO_HEADERS,
         ),
-        **errors({400: "invalid_request, empty_text, unknown_model, unknown_voice, unsupported_format, "
-                       "unsupported_language", **_SPEECH_ERRORS}),
+        **errors({**_SPEECH_ERRORS,
+                  400: "invalid_request, empty_text, text_too_long (400 here, as OpenAI's), unknown_model, "
+                       "unknown_voice, unsupported_format, unsupported_language",
+                  413: "request_too_large: the body is over VOXGATE_MAX_REQUEST_BYTES"}),
     },
 )  # fmt: skip
 async def audio_speech(request: Request) -> Response:
@@ -154,17 +157,21 @@ async def audio_speech(request: Request) -> Response:
     if body.response_format not in SPEECH_FORMATS:
         formats = ", ".join(SPEECH_FORMATS)
         raise UnsupportedFormat(f"response_format {body.response_format!r} is not supported; use one of {formats}")
-    plan = state.plan(
-        text=body.input,
-        voice=body.voice_id,
-        fmt=body.response_format,
-        sample_rate=OPENAI_RATE,
-        speed=body.speed,
-        instructions=body.instructions,
-        request_id=request_id_of(request),
-        client=client_of(request),
-        formats=SPEECH_FORMATS,
-    )
+    try:
+        plan = state.plan(
+            text=body.input,
+            voice=body.voice_id,
+            fmt=body.response_format,
+            sample_rate=OPENAI_RATE,
+            speed=body.speed,
+            instructions=body.instructions,
+            request_id=request_id_of(request),
+            client=client_of(request),
+            formats=SPEECH_FORMATS,
+        )
+    except TextTooLong as exc:  # OpenAI answers an over-long `input` with 400, not 413
+        exc.status, exc.param = 400, "input"
+        raise
     return await open_stream(state, request, plan, endpoint="/v1/audio/speech", sse=body.stream_format == "sse")
 
 
@@ -175,7 +182,10 @@ async def voices(request: Request) -> JSONResponse:
     engine = state.require_engine()
     listed = [_voice_json(v) for v in engine.voices() if state.voice_owners.may_use(v.id, client)]
     default = state.default_voice(client)
-    return JSONResponse({"voices": listed, "default": default, "aliases": state.settings.voice_aliases})
+    aliases = state.alias_voices()
+    return JSONResponse(
+        {"voices": listed, "default": default, "aliases": state.settings.voice_aliases, "alias_voices": aliases}
+    )
 
 
 @router.post(

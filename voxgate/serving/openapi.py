@@ -32,7 +32,7 @@ SPEECH_EVENT = {  # /v1/audio/speech with stream_format sse: one event's data
         "type": {"enum": ["speech.audio.delta", "speech.audio.done", "error"]},
         "audio": {"type": "string", "format": "byte", "description": "speech.audio.delta: base64 audio"},
         "usage": {"type": "object", "description": "speech.audio.done: text units in, 80 ms audio frames out"},
-        "error": {"type": "object", "description": "error: {code, message, type}, a failure after the start"},
+        "error": {"type": "object", "description": "error: {message, type, param, code}, a failure after the start"},
     },
 }
 _VALIDATION_REF = "#/components/schemas/HTTPValidationError"

@@ -91,9 +91,13 @@ class SpeechBody(BaseModel):
 
 
 class ErrorDetail(BaseModel):
-    code: str = Field(description="stable and machine-readable (README: Error codes)")
     message: str = Field(description="for people: what is wrong and, where it helps, what is accepted")
-    type: str = Field(description="the code again, for OpenAI SDKs' parsers")
+    type: str = Field(
+        description="OpenAI's class of the error: invalid_request_error, authentication_error, permission_error, "
+        "not_found_error, rate_limit_error or server_error"
+    )
+    param: str | None = Field(description="the request field at fault, when one is")
+    code: str = Field(description="stable and machine-readable (README: Error codes)")
 
 
 class ErrorBody(BaseModel):
@@ -112,7 +116,10 @@ class VoiceOut(BaseModel):
 class VoiceList(BaseModel):
     voices: list[VoiceOut]
     default: str | None = Field(description="the voice used when a request names none")
-    aliases: list[str] = Field(description="names that mean the default voice (OpenAI's voice names)")
+    aliases: list[str] = Field(description="names accepted for the server's voices (OpenAI's voice names)")
+    alias_voices: dict[str, str] = Field(
+        description="the voice each alias speaks with (VOXGATE_VOICE_MAP, else in turn)"
+    )
 
 
 class Healthy(BaseModel):
@@ -137,13 +144,25 @@ class Timings(BaseModel):
     capacity: int = Field(description="how many records the server keeps (VOXGATE_TIMINGS_KEPT); older ones are gone")
 
 
-def error_body(code: str, message: str) -> dict[str, Any]:
-    """`{"error": {"code", "message", "type"}}`; `type` keeps OpenAI SDKs' parsers happy."""
-    return {"error": {"code": code, "message": message, "type": code}}
+_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                429: "rate_limit_error"}  # fmt: skip
+
+
+def error_type(status: int) -> str:
+    """OpenAI's error `type` for an HTTP status: what its SDKs and their users branch on."""
+    if status >= 500:
+        return "server_error"
+    return _ERROR_TYPES.get(status, "invalid_request_error")
+
+
+def error_body(code: str, message: str, status: int = 400, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: `code` is voxgate's
+    stable code, `type` OpenAI's class of it, `param` the request field at fault (or null)."""
+    return {"error": {"message": message, "type": error_type(status), "param": param, "code": code}}
 
 
 def error_of(exc: VoxgateError) -> dict[str, Any]:
-    return error_body(exc.code, exc.message)
+    return error_body(exc.code, exc.message, exc.status, getattr(exc, "param", None))
 
 
 def parse_body(model: type[M], raw: bytes) -> M:
@@ -151,7 +170,18 @@ def parse_body(model: type[M], raw: bytes) -> M:
     try:
         return model.model_validate_json(raw or b"null")
     except ValidationError as exc:
-        raise InvalidRequest(describe_validation(exc.errors())) from None
+        error = InvalidRequest(describe_validation(exc.errors()))
+        error.param = _param(exc.errors())
+        raise error from None
+
+
+def _param(errors: list[Any]) -> str | None:
+    """The first field a validation error names (OpenAI's `param`)."""
+    for err in errors:
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        if loc:
+            return ".".join(loc)
+    return None
 
 
 def describe_validation(errors: list[Any]) -> str:

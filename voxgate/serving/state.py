@@ -215,6 +215,19 @@ class ServerState:
         voices = self.voice_ids(client)
         return voices[0] if voices else None
 
+    def alias_voices(self) -> dict[str, str]:
+        """Each alias (OpenAI's voice names) -> the server voice it speaks with: `voice_map`'s
+        pairs, the rest in turn over the server's own voices (the default first, then the
+        others by name), so a client limited to OpenAI's names still reaches every voice."""
+        pinned = {a.strip(): v.strip() for a, v in (pair.split("=", 1) for pair in self.settings.voice_map)}
+        voices = self.engine.voices() if self.engine is not None else []
+        own = sorted(v.id for v in voices if self.voice_owners.owned_by(v.id) is None)
+        default = self.default_voice(None)
+        order = ([default] if default in own else []) + [v for v in own if v != default]
+        turn = [alias for alias in self.settings.voice_aliases if alias not in pinned]
+        mapped = {alias: order[i % len(order)] for i, alias in enumerate(turn)} if order else {}
+        return {**mapped, **pinned}
+
     def voice_ids(self, client: str | None = None) -> list[str]:
         """The engine's voices that `client` may use: its own cloned ones and the server's
         (`client=None`, for internal callers: all of them)."""
@@ -262,7 +275,9 @@ class ServerState:
     def _voice_for(self, client: str | None, voice: str | None) -> str:
         """The voice a request names (or the default), if `client` may use it. The refusal
         lists only the client's voices, so it never reveals another client's."""
-        if voice is None or voice in self.settings.voice_aliases:
+        if voice is not None and voice in self.settings.voice_aliases:
+            voice = self.alias_voices().get(voice)
+        if voice is None:
             voice = self.default_voice(client)
             if voice is None:
                 raise UnknownVoice("no voices yet that this client may use; register one with POST /v1/voices")

@@ -69,6 +69,11 @@ class VoiceOwners:
         with self._lock:
             return self._owner.get(voice_id) == client
 
+    def owned_by(self, voice_id: str) -> str | None:
+        """The client that cloned `voice_id`; None for the server's own voices."""
+        with self._lock:
+            return self._owner.get(voice_id)
+
     def may_use(self, voice_id: str, client: str | None) -> bool:
         """True for the owner, for a voice nobody owns, and for `client=None` (internal callers)."""
         if client is None:
