@@ -103,7 +103,20 @@ def test_bad_requests_raise_typed_openai_errors(client, kwargs, code):
     with pytest.raises(openai.BadRequestError) as info:
         client.audio.speech.create(**args)
     assert info.value.status_code == 400
-    assert info.value.body["code"] == code
+    assert info.value.body["code"] == code and info.value.body["type"] == "invalid_request_error"
+
+
+def test_errors_have_openai_s_shape_with_the_field_at_fault(tone_server):
+    r = httpx.post(f"{tone_server.url}/v1/audio/speech", json={"model": "tts-1", "voice": "alloy", "input": 42})
+    assert r.status_code == 400
+    assert r.json() == {"error": {"message": r.json()["error"]["message"], "type": "invalid_request_error",
+                                  "param": "input", "code": "invalid_request"}}  # fmt: skip
+    long = httpx.post(
+        f"{tone_server.url}/v1/audio/speech", json={"model": "tts-1", "voice": "alloy", "input": "y" * 501}
+    )
+    assert long.status_code == 400 and long.json()["error"]["param"] == "input"  # OpenAI's 400, not 413
+    missing = httpx.get(f"{tone_server.url}/v1/nowhere")
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
 
 
 def test_openai_voice_names_reach_every_server_voice_and_can_be_pinned(tone_server, client):
