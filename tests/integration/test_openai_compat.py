@@ -115,6 +115,11 @@ def test_errors_have_openai_s_shape_with_the_field_at_fault(tone_server):
         f"{tone_server.url}/v1/audio/speech", json={"model": "tts-1", "voice": "alloy", "input": "y" * 501}
     )
     assert long.status_code == 400 and long.json()["error"]["param"] == "input"  # OpenAI's 400, not 413
+    for field, value, param in (("voice", "nobody", "voice"), ("input", " ", "input"), ("model", "x", "model"),
+                                ("response_format", "webm", "response_format")):  # fmt: skip
+        body = {"model": "tts-1", "voice": "alloy", "input": "hi", field: value}
+        refused = httpx.post(f"{tone_server.url}/v1/audio/speech", json=body)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.json()
     missing = httpx.get(f"{tone_server.url}/v1/nowhere")
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
 

@@ -47,6 +47,7 @@ from voxgate.types import (
     UnknownModel,
     UnsupportedFormat,
     VoiceInfo,
+    VoxgateError,
 )
 
 router = APIRouter()
@@ -151,12 +152,16 @@ async def audio_speech(request: Request) -> Response:
     engine = state.require_engine()
     if body.model not in (*OPENAI_MODELS, engine.name) and not _OPENAI_MODEL.fullmatch(body.model):
         names = ", ".join((*OPENAI_MODELS, engine.name))
-        raise UnknownModel(f"unknown model {body.model!r}; use one of {names} (or a dated OpenAI TTS snapshot)")
+        error = UnknownModel(f"unknown model {body.model!r}; use one of {names} (or a dated OpenAI TTS snapshot)")
+        error.param = "model"
+        raise error
     if body.stream_format not in ("audio", "sse"):
         raise InvalidRequest(f"stream_format must be 'audio' or 'sse', not {body.stream_format!r}")
     if body.response_format not in SPEECH_FORMATS:
         formats = ", ".join(SPEECH_FORMATS)
-        raise UnsupportedFormat(f"response_format {body.response_format!r} is not supported; use one of {formats}")
+        error = UnsupportedFormat(f"response_format {body.response_format!r} is not supported; use one of {formats}")
+        error.param = "response_format"
+        raise error
     try:
         plan = state.plan(
             text=body.input,
@@ -172,7 +177,14 @@ async def audio_speech(request: Request) -> Response:
     except TextTooLong as exc:  # OpenAI answers an over-long `input` with 400, not 413
         exc.status, exc.param = 400, "input"
         raise
+    except VoxgateError as exc:
+        exc.param = exc.param or _SPEECH_PARAMS.get(exc.code)
+        raise
     return await open_stream(state, request, plan, endpoint="/v1/audio/speech", sse=body.stream_format == "sse")
+
+
+# The request field each refusal of /v1/audio/speech is about (OpenAI's `param`).
+_SPEECH_PARAMS = {"empty_text": "input", "unknown_voice": "voice", "unsupported_format": "response_format"}
 
 
 @router.get("/v1/voices", responses={200: {"model": VoiceList}, **errors(_NOT_READY)})
