@@ -10,13 +10,9 @@
 # doubling, no underrun allowed),
 # EXTRA (more server settings, KEY=VALUE without the VOXGATE_ prefix).
 set -u
-SEED=${1:-11}
-MODEL=${2:-Qwen3-TTS-12Hz-0.6B-CustomVoice}
-TAG=$(echo $MODEL | sed 's/Qwen3-TTS-12Hz-//')
-RES=${RES:-$OUT}
+. bench/gpu_common.sh  # SEED ($1), MODEL ($2), TAG, RES; gpu_setup, wait_server, summary
 ROWS=${ROWS:-128}
 DURATION=${DURATION:-15}
-. bench/gpu_common.sh
 gpu_setup || exit 1
 env PYTHONPATH=$PWD VOXGATE_QWEN3_MODEL_DIR=/tmp/ckpt-$TAG-$SEED VOXGATE_QWEN3_DEVICE=cuda VOXGATE_QWEN3_DTYPE=bfloat16 \
     VOXGATE_QWEN3_MAX_STREAMS=$ROWS VOXGATE_QWEN3_KV_CAPACITY=${KV:-2048} VOXGATE_ENGINE=qwen3 \

@@ -1,4 +1,9 @@
-# Sourced by the bench/gpu_*.sh scripts on the device machine (after bench/gpu_bundle.sh here).
+# Sourced by the bench/gpu_*.sh scripts on the device machine (after bench/gpu_bundle.sh here),
+# with their arguments: [seed] [model] (default 11, Qwen3-TTS-12Hz-0.6B-CustomVoice).
+SEED=${1:-11}
+MODEL=${2:-Qwen3-TTS-12Hz-0.6B-CustomVoice}
+TAG=$(echo $MODEL | sed 's/Qwen3-TTS-12Hz-//')
+RES=${RES:-$OUT}
 # gpu_setup: install the carried wheels, write $RES/machine.txt, build the random-weight
 # checkpoint /tmp/ckpt-$TAG-$SEED once (needs SEED, MODEL, TAG, RES).
 # wait_server PID LOG: until /healthz answers on :8765, or the server has exited (then fail).

@@ -8,13 +8,9 @@
 # Environment: RES (default $OUT), ROWS (128), LEADS ("1500 0"), SESSIONS ("64 128"), DURATION (20),
 # OVERLOAD=0 (skip it), EXTRA (more server settings, KEY=VALUE without the VOXGATE_ prefix).
 set -u
-SEED=${1:-11}
-MODEL=${2:-Qwen3-TTS-12Hz-0.6B-CustomVoice}
-TAG=$(echo $MODEL | sed 's/Qwen3-TTS-12Hz-//')
-RES=${RES:-$OUT}
+. bench/gpu_common.sh  # SEED ($1), MODEL ($2), TAG, RES; gpu_setup, wait_server, summary
 ROWS=${ROWS:-128}
 DURATION=${DURATION:-20}
-. bench/gpu_common.sh
 gpu_setup || exit 1
 LOAD="python3 -m voxgate load --url ws://127.0.0.1:8765/v1/tts/ws --starter-units 3 --admin-key bench-admin"
 for LEAD in ${LEADS:-1500 0}; do

@@ -9,12 +9,8 @@
 # (more server settings, KEY=VALUE without the VOXGATE_ prefix, e.g. "QWEN3_PROMPT_THREAD=true"),
 # LOAD=0 / HTTP=0 (skip a part).
 set -u
-SEED=${1:-11}
-MODEL=${2:-Qwen3-TTS-12Hz-0.6B-CustomVoice}
-TAG=$(echo $MODEL | sed 's/Qwen3-TTS-12Hz-//')
-RES=${RES:-$OUT}
+. bench/gpu_common.sh  # SEED ($1), MODEL ($2), TAG, RES; gpu_setup, wait_server, summary
 SRC=${SRC:-$PWD}
-. bench/gpu_common.sh
 gpu_setup || exit 1
 QWEN="QWEN3_MODEL_DIR=/tmp/ckpt-$TAG-$SEED QWEN3_DEVICE=cuda QWEN3_DTYPE=bfloat16 ${EXTRA:-}"
 if [ "${LOAD:-1}" = 1 ]; then

@@ -36,7 +36,7 @@ No cut falls inside:
   `**` after a letter or digit is an operator (2**8), not bold; a ``` fence is not a span
   (code blocks are cut at their line breaks);
 - a CJK word: a cut between two Chinese characters falls only at a word boundary of jieba
-  (`rjieba`, jieba's Rust port: ~3 us per 10-character window; “加油” is one word), preferably
+  (`rjieba`, jieba's Rust port: ~1.5 us per 10-character window; “加油” is one word), preferably
   where a phrase ends (after 的/了/吗..., before 和/是/我/这个...: `Gap.CHAR`; other word
   boundaries are `Gap.LEXICAL`, a last resort, and not even that after a number or a quantity
   ("两个" | "月") or between a name and a noun ("北京" | "南站"), by jieba's part-of-speech tags),
@@ -59,7 +59,7 @@ from typing import NamedTuple
 import rjieba
 from pysbd.lang.english import English
 
-rjieba.cut("预热")  # loads jieba's dictionary (~0.2 s) at import, not in the first reply's first cut
+rjieba.tag("预热")  # loads jieba's dictionary and tagger at import, not in the first reply's first cut
 
 LOOKBACK = 64  # characters a decision may read before its gap (the word before it)
 CJK_LEFT, CJK_RIGHT = 6, 4  # the jieba window around a gap between two CJK characters
@@ -387,41 +387,29 @@ def _cjk_gap(text: str, p: int, final: bool) -> Gap | bool | None:
         if p >= 2 and is_ideograph(text[p - 2]) and not _KANA.match(text[p - 2]):
             return False  # one kana between kanji: okurigana inside a compound (問い合わせ, 取り扱い)
         return Gap.LEXICAL
-    words = rjieba.cut(text[left:right])
+    tagged = rjieba.tag(text[left:right])  # jieba's words (its cut's, ~1.5 us a window) with their parts of speech
     offset = 0
-    for k, word in enumerate(words):
+    for k, (word, tag) in enumerate(tagged):
         offset += len(word)
         if offset == p - left:
-            following = words[k + 1] if k + 1 < len(words) else ""
+            following, next_tag = tagged[k + 1] if k + 1 < len(tagged) else ("", "")
             if following and following[0] in _ZH_PARTICLES:
                 return False  # 的, 了, 吗 go with the word before them
             if word[-1] in _ZH_PARTICLES or following in _ZH_OPENERS:
                 if word[-1] in "的地得" and ends_clause and right - p <= 3:
                     return False  # a modifier keeps a short noun that ends the clause ("直立的" | "小尖角。")
                 return Gap.CHAR
-            return Gap.LEXICAL if _zh_words_part(text[left:right], p - left) else False
+            # A last resort, but not after a number or a quantity ("两个" | "月", "多" | "模态") nor
+            # between a name and a noun ("北京" | "南站", "张家界" | "国家森林公园").
+            if tag.startswith(("m", "q")) or (tag in _ZH_NAMES and next_tag.startswith("n")):
+                return False
+            return Gap.LEXICAL
         if offset > p - left:
             return False
     return False
 
 
 _ZH_NAMES = frozenset({"nr", "ns", "nt", "nz"})  # jieba's tags for names of people, places, bodies, others
-
-
-def _zh_words_part(window: str, at: int) -> bool:
-    """Whether a word boundary inside a Chinese phrase may still be cut, by the words' parts of
-    speech (jieba's tagger, `rjieba.tag`, ~1.5 us a window): not after a number or a quantity
-    ("两个" | "月", "多" | "模态"), nor between a name and a noun ("北京" | "南站", "张家界" |
-    "国家森林公园"). Where the tagger splits the window otherwise, not at all."""
-    offset, tags = 0, rjieba.tag(window)
-    for k, (word, tag) in enumerate(tags):
-        offset += len(word)
-        if offset == at:
-            after = tags[k + 1][1] if k + 1 < len(tags) else ""
-            return not (tag.startswith(("m", "q")) or (tag in _ZH_NAMES and after.startswith("n")))
-        if offset > at:
-            return False
-    return False
 
 
 # ---------------------------------------------------------------------------- one gap

@@ -139,38 +139,27 @@ async def _audio_pieces(
     first: AudioChunk | None,
     stream: EngineStream | None,
 ) -> AsyncIterator[bytes]:
-    """Encoded wire pieces: the cached opener (if any), then the engine's chunks."""
+    """Encoded wire pieces: the cached opener (if any), then the engine's chunks; a stream that
+    ends early (the client gone) frees its codec."""
     try:
-        async for part in _encoded(encoder, piece, timing, hit, first, stream):
-            yield part
+        if hit is not None:
+            for part in split_bytes(encoder.encode(hit.samples), piece):
+                yield part
+                if stream is not None:
+                    stream.start()
+            timing.audio_s = encoder.samples_out / encoder.out_rate
+        chunk = first if first is not None or stream is None else await stream.next()
+        while chunk is not None:
+            for part in split_bytes(encoder.encode(chunk.samples), piece):
+                yield part
+            timing.audio_s = encoder.samples_out / encoder.out_rate
+            chunk = await stream.next() if stream is not None else None
+        tail = encoder.flush()
+        timing.audio_s = encoder.samples_out / encoder.out_rate
+        if tail:
+            yield tail
     finally:
-        encoder.close()  # a stream that ended early frees its codec
-
-
-async def _encoded(
-    encoder: StreamEncoder | CompressedEncoder,
-    piece: int,
-    timing: Timing,
-    hit: StarterHit | None,
-    first: AudioChunk | None,
-    stream: EngineStream | None,
-) -> AsyncIterator[bytes]:
-    if hit is not None:
-        for part in split_bytes(encoder.encode(hit.samples), piece):
-            yield part
-            if stream is not None:
-                stream.start()
-        timing.audio_s = encoder.samples_out / encoder.out_rate
-    chunk = first if first is not None or stream is None else await stream.next()
-    while chunk is not None:
-        for part in split_bytes(encoder.encode(chunk.samples), piece):
-            yield part
-        timing.audio_s = encoder.samples_out / encoder.out_rate
-        chunk = await stream.next() if stream is not None else None
-    tail = encoder.flush()
-    timing.audio_s = encoder.samples_out / encoder.out_rate
-    if tail:
-        yield tail
+        encoder.close()
 
 
 async def _sse_events(pieces: AsyncIterator[bytes], text: str, timing: Timing) -> AsyncIterator[bytes]:

@@ -31,7 +31,6 @@ from voxgate.serving.session import Entry, Segment, Session
 from voxgate.serving.state import ServerState
 from voxgate.serving.ws_live import CONTROL_BYTES, Live, abort, close_quietly, send_now, send_then_close
 from voxgate.serving.wsproto import Bare, Ping, ProtocolError, SessionStart, TextDelta, error, omni_frames, parse_client
-from voxgate.speech.clock import PlaybackClock
 from voxgate.speech.stream import EngineStream
 from voxgate.types import Busy, VoxgateError
 
@@ -160,6 +159,7 @@ class Gateway:
             session.finish()
         elif isinstance(message, Bare) and message.type == "cancel":
             session.cancel()
+            live.clock.reset()  # barge-in: the listener drops what it had, the next utterance is due now
             if live.stream is not None:
                 live.stream.cancel("cancelled")
             live.room.set()
@@ -225,7 +225,6 @@ class Gateway:
         live.reply({"type": "session.started", "session_id": s.session_id, "resume_token": live.resume_token,
                     "sample_rate": s.sample_rate, "format": s.config.format, "resumed": resumed,
                     "next_unit_index": s.next_unit, "resume_window_s": self.settings.ws_resume_window_s})  # fmt: skip
-        live.pace_clock, live.pace_utterance = PlaybackClock(), -1
         live.clock.reset()  # what the last socket had is gone with it; a replay counts anew
         live.writer = asyncio.get_running_loop().create_task(self._write(live, websocket))
         live.work.set()  # a synthesiser that held back while nobody listened goes on
@@ -313,7 +312,7 @@ class Gateway:
                     await live.wake.wait()
                     continue
                 if entry.payload is not None and s.config.pacing:
-                    await self._pace(live, entry.message)
+                    await self._pace(live)
                     if s.unsent() is not entry:  # a cancel removed it while we waited
                         continue
                 for frame in self._frames(live, entry):
@@ -353,15 +352,12 @@ class Gateway:
             return [json.dumps({**entry.message, "data": base64.b64encode(entry.payload).decode()})]
         return [json.dumps(entry.message), entry.payload]
 
-    async def _pace(self, live: Live, header: dict[str, Any]) -> None:
-        """Hold audio until the listener has at most `pacing_lead_ms` of the utterance in hand
-        (its playback clock from the utterance's first audio, `speech/clock.py`)."""
-        if live.pace_utterance != header["utterance"]:
-            live.pace_utterance, live.pace_clock = header["utterance"], PlaybackClock()
-        wait = live.pace_clock.wait_s(time.perf_counter(), live.session.config.pacing_lead_ms / 1000)
+    async def _pace(self, live: Live) -> None:
+        """Hold audio until the listener has at most `pacing_lead_ms` in hand (its playback
+        clock, `speech/clock.py`, which the writer moves as it sends)."""
+        wait = live.clock.wait_s(time.perf_counter(), live.session.config.pacing_lead_ms / 1000)
         if wait > 0:
             await asyncio.sleep(wait)
-        live.pace_clock.add(header["samples"] / live.session.sample_rate, time.perf_counter())
 
     # ------------------------------------------------------------------ synthesis
 

@@ -39,9 +39,7 @@ class Live:
     synth: asyncio.Task[None] | None = None
     detached_at: float | None = None
     reserved: bool = False  # holds one of the engine's voices (speech/limits.py): while a socket is attached
-    clock: PlaybackClock = field(default_factory=PlaybackClock)  # the listener's: audio written to its sockets
-    pace_clock: PlaybackClock = field(default_factory=PlaybackClock)  # the current utterance's (pacing)
-    pace_utterance: int = -1
+    clock: PlaybackClock = field(default_factory=PlaybackClock)  # the listener's: audio written (deadlines, pacing)
     dropped: str | None = None  # why the last socket was dropped, told on resume
     close_code: int | None = None  # the writer closes the socket with this once its replies are out
     omni: bool = False  # vLLM-Omni's framing (the compatibility path)

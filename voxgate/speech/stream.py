@@ -130,7 +130,7 @@ class EngineStream:
         if chunk is not None:
             self.generated += 1
             if self._own_clock:
-                self.clock.add(len(chunk.samples) / chunk.sample_rate, time.perf_counter())
+                self.clock.add(chunk.duration_s, time.perf_counter())
         return chunk
 
     async def next(self) -> AudioChunk | None:

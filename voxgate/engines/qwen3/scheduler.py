@@ -59,7 +59,7 @@ class Stream:
 @dataclass(frozen=True, slots=True)
 class Plan:
     prefill: tuple[tuple[str, int], ...]  # (stream, row) admitted now: run their prompts first
-    decode: tuple[tuple[str, int], ...]  # (stream, row) of every running stream, new ones included
+    decode: tuple[tuple[str, int], ...]  # (stream, row) of every running stream that moves, new ones included
     bucket: int  # captured batch size covering every row that moves (0 when nothing runs)
     held: tuple[tuple[str, int], ...] = ()  # (stream, row) running but kept still this step (the deadline rule)
 
@@ -119,9 +119,11 @@ class Scheduler:
             admitted.append((stream_id, stream.row))
         moving, held = self._running, []
         if ahead and not self._waiting:
-            due = [i for i in self._running if ahead.get(i, -math.inf) <= lead]
-            if due and len(due) < len(self._running):
-                moving, held = due, [i for i in self._running if ahead.get(i, -math.inf) > lead]
+            due, far = [], []
+            for i in self._running:
+                (far if ahead.get(i, -math.inf) > lead else due).append(i)
+            if due and far:
+                moving, held = due, far
         decode = tuple((i, self._streams[i].row) for i in moving)
         rows = max((row for _, row in decode), default=-1) + 1
         return Plan(tuple(admitted), decode, self.bucket_for(rows), tuple((i, self._streams[i].row) for i in held))
