@@ -13,7 +13,7 @@ python3 -m pip download -q --dest .gpu/wheels --only-binary=:all: --python-versi
     --platform any \
     fastapi==0.165.0 starlette==1.10.0 anyio==4.16.0 uvicorn==0.54.0 uvloop==0.23.0 \
     pydantic==2.14.4 pydantic-settings==2.16.3 prometheus-client==0.26.0 regex==2026.11.19 \
-    soxr==1.1.0 httpx==0.28.1 websockets==17.4 \
+    soxr==1.0.0 httpx==0.28.1 websockets==17.4 \
     pytest==9.2.0 pytest-timeout==2.4.0 hypothesis==6.170.17 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 \
     sortedcontainers==2.4.0 rjieba==0.2.2 pysbd==0.3.4 av==18.1.0
 rm -f .gpu/wheels/numpy-*.whl  # the device's numpy serves

@@ -82,6 +82,11 @@ class Settings(BaseSettings):
         16, ge=1, description="WebSocket sessions (TTS and bridge sockets, attached or not) per client."
     )
     max_voices_per_client: int = Field(16, ge=0, description="Cloned voices one client may keep (POST /v1/voices).")
+    data_dir: Path | None = Field(
+        None,
+        description="Where state that must survive a restart lives (cloned voices and their owners); "
+        "None keeps it in memory only.",
+    )
     max_piece_chars: int = Field(
         400, ge=50, le=100000,
         description="Longest text one engine call speaks; longer text is split at clauses, then words.",

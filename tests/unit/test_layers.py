@@ -26,6 +26,7 @@ ALLOWED = {  # what each part may import besides itself
     "speech": BASE | {"engines", "bridge"},
     "agent": BASE | {"engines", "bridge", "speech"},
     "serving": BASE | {"engines", "bridge", "speech", "agent"},
+    "integrations": BASE,  # clients of the server (pipecat, LiveKit): they speak its wire protocol only
 }
 
 
