@@ -1,5 +1,5 @@
 """Command line: voxgate serve | say | voices | chat | bench | load | agent | agent-bot | protocol-schema |
-make-random-checkpoint | regress."""
+make-random-checkpoint | download | regress."""
 
 from __future__ import annotations
 
@@ -218,6 +218,18 @@ def cmd_make_random_checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_download(args: argparse.Namespace) -> int:
+    from voxgate.types import NotSupported
+
+    try:
+        from voxgate.engines.qwen3.hub import resolve_model
+    except ImportError as exc:  # huggingface_hub comes with the qwen3 extra
+        raise NotSupported(f"voxgate download needs the qwen3 extra (pip install 'voxgate[qwen3]'): {exc}") from exc
+    # huggingface_hub draws its own progress bars and retry warnings on stderr; stdout carries the path only
+    print(resolve_model(args.model, args.revision, cache_dir=args.cache_dir))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="voxgate", description="Real-time voice stack.")
     parser.add_argument("--version", action="version", version=f"voxgate {__version__}")
@@ -326,6 +338,14 @@ def build_parser() -> argparse.ArgumentParser:
     mrc.add_argument("--seed", type=int, default=0)
     mrc.add_argument("--configs", help="folder with the official configs (default ../shared/qwen3-tts)")
     mrc.set_defaults(func=cmd_make_random_checkpoint)
+
+    download = sub.add_parser(
+        "download", help="fetch a Qwen3-TTS checkpoint from the Hugging Face Hub into its cache; prints its path"
+    )
+    download.add_argument("model", help="Hugging Face model id, e.g. Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")
+    download.add_argument("--revision", help="branch, tag or commit (default: main)")
+    download.add_argument("--cache-dir", help="cache to use (default: HF_HUB_CACHE, else HF_HOME/hub)")
+    download.set_defaults(func=cmd_download)
 
     from voxgate.regress.cli import add_regress_commands
 

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_STARTERS = ("Sure.", "Sure, ", "Okay, ", "Okay.", "OK, ", "Yes, ", "Hmm, ", "Well, ", "好的", "嗯")
@@ -26,6 +26,10 @@ def _split_list(value: Any) -> Any:
             return json.loads(text)
         return [part.strip() for part in text.split(",") if part.strip()]
     return value
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    return a.expanduser().resolve() == b.expanduser().resolve()
 
 
 class Settings(BaseSettings):
@@ -209,7 +213,18 @@ class Settings(BaseSettings):
     piper_threads: int = Field(0, ge=0, description="piper: onnxruntime intra-op threads; 0 = library default.")
     piper_parallel: int = Field(1, ge=1, description="piper: sentences synthesised at once; others wait in turn.")
 
-    qwen3_model_dir: Path | None = Field(None, description="qwen3: checkpoint directory (official layout).")
+    qwen3_model: str | None = Field(
+        None,
+        description="qwen3: the checkpoint: a Hugging Face model id (e.g. Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice), "
+        "fetched into the Hugging Face cache (HF_HUB_CACHE, else HF_HOME/hub; with HF_HUB_OFFLINE=1 the cache "
+        "only, see `voxgate download`), or a local directory in the official layout.",
+    )
+    qwen3_revision: str | None = Field(
+        None, description="qwen3: branch, tag or commit of the Hugging Face model (default: main)."
+    )
+    qwen3_model_dir: Path | None = Field(
+        None, description="qwen3: checkpoint directory (official layout); a local VOXGATE_QWEN3_MODEL by its old name."
+    )
     qwen3_device: str = Field("cpu", description="qwen3: torch device, e.g. cpu or cuda.")
     qwen3_dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="qwen3: weight dtype.")
     qwen3_cuda_graphs: bool = Field(True, description="qwen3: run the decode loop as CUDA graphs on a GPU.")
@@ -250,6 +265,17 @@ class Settings(BaseSettings):
     @classmethod
     def _lists(cls, value: Any) -> Any:
         return _split_list(value)
+
+    @model_validator(mode="after")
+    def _one_qwen3_checkpoint(self) -> Settings:
+        """qwen3_model_dir is the older name for a local qwen3_model: both may name one directory only."""
+        model, model_dir = self.qwen3_model, self.qwen3_model_dir
+        if model is not None and model_dir is not None and not _same_dir(Path(model), model_dir):
+            raise ValueError(
+                f"VOXGATE_QWEN3_MODEL ({model}) and VOXGATE_QWEN3_MODEL_DIR ({model_dir}) name different "
+                "checkpoints: set only one"
+            )
+        return self
 
     @field_validator("voice_map")
     @classmethod

@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,6 +35,7 @@ from voxgate.engines.qwen3.batch import BatchDecoder
 from voxgate.engines.qwen3.codec import DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.generate import generate_codes, max_frames_for
+from voxgate.engines.qwen3.hub import resolve_model
 from voxgate.engines.qwen3.loader import Qwen3Checkpoint, load_checkpoint
 from voxgate.engines.qwen3.prompt import Prompt, PromptBuilder
 from voxgate.engines.qwen3.prompt_thread import PromptThread
@@ -336,12 +336,15 @@ class Qwen3Engine(Engine):
 
 
 def create(settings: Settings) -> Qwen3Engine:
-    if settings.qwen3_model_dir is None:
-        raise EngineFailure("set VOXGATE_QWEN3_MODEL_DIR to a Qwen3-TTS checkpoint directory")
+    model = settings.qwen3_model or settings.qwen3_model_dir  # Settings refuses two that disagree
+    if model is None:
+        raise EngineFailure(
+            "set VOXGATE_QWEN3_MODEL to a Qwen3-TTS checkpoint, a Hugging Face id (e.g. "
+            "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice) or a directory (VOXGATE_QWEN3_MODEL_DIR also takes a directory)"
+        )
+    model_dir = resolve_model(model, settings.qwen3_revision)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[settings.qwen3_dtype]
-    checkpoint = load_checkpoint(
-        Path(settings.qwen3_model_dir), settings.qwen3_device, dtype, fused_kernels=settings.qwen3_fused_kernels
-    )
+    checkpoint = load_checkpoint(model_dir, settings.qwen3_device, dtype, fused_kernels=settings.qwen3_fused_kernels)
     return Qwen3Engine(
         checkpoint,
         settings.qwen3_packet_frames,
