@@ -17,6 +17,8 @@ DEFAULT_STARTERS = ("Sure.", "Sure, ", "Okay, ", "Okay.", "OK, ", "Yes, ", "Hmm,
 OPENAI_VOICES = (
     "alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse", "marin", "cedar",
 )  # fmt: skip
+# Qwen3-TTS CustomVoice's speakers: vLLM-Omni's clients name them (its example client: "Vivian").
+QWEN3_SPEAKERS = ("vivian", "serena", "uncle_fu", "dylan", "eric", "ryan", "aiden", "ono_anna", "sohee")
 
 
 def _split_list(value: Any) -> Any:
@@ -115,9 +117,10 @@ class Settings(BaseSettings):
         default_factory=lambda: list(DEFAULT_STARTERS), description="Openers for the starter cache."
     )
     voice_aliases: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: list(OPENAI_VOICES),
-        description="Voice names (e.g. OpenAI's) accepted for the server's voices: each its own where the engine "
-        "has enough (the default voice first, then the others in name order), else shared.",
+        default_factory=lambda: [*OPENAI_VOICES, *QWEN3_SPEAKERS],
+        description="Voice names (OpenAI's, Qwen3-TTS's speakers) accepted for the server's voices where the engine "
+        "has no voice of that name (any case): each its own where the engine has enough (the default voice first, "
+        "then the others in name order), else shared.",
     )
     voice_map: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

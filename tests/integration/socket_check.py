@@ -55,7 +55,7 @@ def _strict_json(text: str) -> object:
 
 
 TTS_TYPES = frozenset({"session.started", "audio", "units.done", "utterance.done", "session.done", "error", "pong"})
-OMNI_TYPES = TTS_TYPES - {"audio", "units.done"} | {"audio.start", "audio.done"}
+OMNI_TYPES = frozenset({"audio.start", "audio.done", "session.done", "error", "pong"})  # vLLM-Omni's (serving/omni.py)
 BRIDGE_TYPES = frozenset({"ready", "reply.start", "segment", "done", "error", "pong", "history"})
 
 
@@ -160,7 +160,7 @@ class Transcript:
                 self.problems.append("a fatal error did not close the socket")
             return
         reasons = {
-            1000: bool(self.of("session.done")),  # after session.end
+            1000: bool(self.of("session.done")) or (self.protocol == "omni" and _ends(sent)),  # after session.end
             1007: any(f.text and isinstance(f.data, bytes) for f in sent),  # invalid UTF-8 in a text frame
             1008: bool(self.errors(fatal=True)),
             1009: any(f.size > frame_limit for f in sent),
@@ -168,6 +168,11 @@ class Transcript:
         if not reasons.get(self.close_code, False):  # type: ignore[arg-type]
             last = self.messages[-3:]
             self.problems.append(f"closed with {self.close_code} and no reason the protocol gives; last: {last}")
+
+
+def _ends(sent: list[Frame]) -> bool:
+    """vLLM-Omni's path closes after session.close (ours: session.end) with no message of its own."""
+    return any(isinstance(f.data, str) and ('"session.close"' in f.data or '"session.end"' in f.data) for f in sent)
 
 
 # ---------------------------------------------------------------------- the target

@@ -1,5 +1,5 @@
 """The WebSocket TTS gateway on a real server (tone engine) over loopback: the protocol of
-docs/protocol.md, cancel, resume, backpressure, pacing, bad input, the compatibility path."""
+docs/protocol.md, cancel, resume, backpressure, pacing, bad input (vLLM-Omni's path: test_omni_socket.py)."""
 
 from __future__ import annotations
 
@@ -238,28 +238,6 @@ def test_resume_is_refused_past_the_window_or_for_an_unknown_session(gateway):
             assert (await r.next())["type"] == "session.started"
 
     asyncio.run(run())
-
-
-def test_the_vllm_omni_message_names_work_on_the_compatibility_path(gateway):
-    async def run() -> list:
-        async with websockets.connect(_ws(gateway, "/v1/audio/speech/stream")) as ws:
-            await ws.send(json.dumps({"type": "session.config", "response_format": "pcm16"}))
-            assert json.loads(await ws.recv())["type"] == "session.started"
-            await ws.send(json.dumps({"type": "input.text", "text": "Hello from a compatible "}))
-            await ws.send(json.dumps({"type": "input.text", "text": "client. And more."}))
-            await ws.send(json.dumps({"type": "input.done"}))
-            await ws.send(json.dumps({"type": "session.close"}))
-            frames = []
-            with pytest.raises(websockets.ConnectionClosedOK):
-                while True:
-                    frame = await asyncio.wait_for(ws.recv(), 10)
-                    frames.append("pcm" if isinstance(frame, bytes) else json.loads(frame)["type"])
-            return frames
-
-    frames = asyncio.run(run())
-    sentences = [f for f in frames if f != "pcm"]
-    assert sentences == ["audio.start", "audio.done", "utterance.done", "session.done"]  # one segment: one sentence
-    assert frames[1] == "pcm" and frames.index("audio.done") > 1  # bare PCM between start and done
 
 
 def test_a_client_that_stops_reading_is_warned_then_dropped_and_others_are_not_slowed():

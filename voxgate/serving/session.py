@@ -67,6 +67,7 @@ class Entry:
     ready_at: float | None = None  # for a segment's first audio: when the segment was queued
     opens_utterance: bool = False  # the first audio of its utterance
     stamps: tuple[float, ...] = ()  # for a segment's first audio: the caller's clocks on its way (see `audio`)
+    text: str | None = None  # a segment's first audio and its units.done: the segment's text
 
     @property
     def size(self) -> int:
@@ -255,7 +256,7 @@ class Session:
         self.audio_samples += samples
         entry = self._append(header, payload, segment.utterance, segment.unit_end)
         if segment is not self._last_audio_of:
-            entry.first, entry.ready_at, entry.stamps = True, segment.queued_at, stamps
+            entry.first, entry.ready_at, entry.stamps, entry.text = True, segment.queued_at, stamps, segment.text
             entry.opens_utterance = self._last_audio_of is None or self._last_audio_of.utterance != segment.utterance
             self._last_audio_of = segment
 
@@ -266,8 +267,9 @@ class Session:
         if error is not None:
             self._append({"type": "error", "code": error[0], "message": error[1], "fatal": False},
                          None, segment.utterance, segment.unit_end)  # fmt: skip
-        self._append({"type": "units.done", "utterance": segment.utterance, "unit_start": segment.unit_start,
-                      "unit_end": segment.unit_end}, None, segment.utterance, segment.unit_end)  # fmt: skip
+        done = self._append({"type": "units.done", "utterance": segment.utterance, "unit_start": segment.unit_start,
+                             "unit_end": segment.unit_end}, None, segment.utterance, segment.unit_end)  # fmt: skip
+        done.text = segment.text
         self._inflight = None
         self._maybe_finish_utterance()
 

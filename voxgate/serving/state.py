@@ -275,8 +275,8 @@ class ServerState:
     def _voice_for(self, client: str | None, voice: str | None) -> str:
         """The voice a request names (or the default), if `client` may use it. The refusal
         lists only the client's voices, so it never reveals another client's."""
-        if voice is not None and voice in self.settings.voice_aliases:
-            voice = self.alias_voices().get(voice)
+        if voice is not None:
+            voice = self._named(voice, client)
         if voice is None:
             voice = self.default_voice(client)
             if voice is None:
@@ -285,6 +285,20 @@ class ServerState:
             usable = self.voice_ids(client)
             if voice not in usable:
                 raise UnknownVoice(f"unknown voice {voice!r}; available: {', '.join(usable)}")
+        return voice
+
+    def _named(self, voice: str, client: str | None) -> str | None:
+        """A voice by name: the engine's own (exactly, else in any case: "Vivian" is qwen3's
+        vivian), else an alias (any case), else the name as given (refused by the caller)."""
+        usable = self.voice_ids(client)
+        if voice in usable:
+            return voice
+        folded = {v.casefold(): v for v in usable}
+        if voice.casefold() in folded:
+            return folded[voice.casefold()]
+        aliases = {a.casefold(): a for a in self.settings.voice_aliases}
+        if voice.casefold() in aliases:
+            return self.alias_voices().get(aliases[voice.casefold()])
         return voice
 
     def opener(self, request: SynthesisRequest, engine_stream: Callable[[str], ChunkStream]) -> ChunkStream | None:
@@ -299,11 +313,19 @@ class ServerState:
         return stream
 
     def voice_plan(
-        self, voice: str | None, fmt: str, sample_rate: int | None, language: str | None, client: str | None = None
+        self,
+        voice: str | None,
+        fmt: str,
+        sample_rate: int | None,
+        language: str | None,
+        client: str | None = None,
+        speed: float = 1.0,
+        instructions: str | None = None,
     ) -> StreamPlan:
         """`plan` for text that comes later (WebSocket sessions, bridge replies): checks the
-        voice, language and output now; each segment's text replaces the placeholder."""
-        return self.plan(text="-", voice=voice, fmt=fmt, sample_rate=sample_rate, language=language, client=client)
+        voice, language, speed and output now; each segment's text replaces the placeholder."""
+        return self.plan(text="-", voice=voice, fmt=fmt, sample_rate=sample_rate, language=language, client=client,
+                         speed=speed, instructions=instructions)  # fmt: skip
 
     def record_first_audio(
         self, endpoint: str, request_id: str, clocks: tuple[float, ...], opens_utterance: bool

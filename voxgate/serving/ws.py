@@ -27,10 +27,11 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from voxgate.audio import StreamEncoder
 from voxgate.serving.auth import Client
 from voxgate.serving.limits import MessageRate, Turn
+from voxgate.serving.omni import OmniConfig, OmniFraming, parse_omni
 from voxgate.serving.session import Entry, Segment, Session
-from voxgate.serving.state import ServerState
+from voxgate.serving.state import ServerState, StreamPlan
 from voxgate.serving.ws_live import CONTROL_BYTES, Live, abort, close_quietly, send_now, send_then_close
-from voxgate.serving.wsproto import Bare, Ping, ProtocolError, SessionStart, TextDelta, error, omni_frames, parse_client
+from voxgate.serving.wsproto import Bare, Ping, ProtocolError, SessionStart, TextDelta, error, parse_client
 from voxgate.speech.stream import EngineStream
 from voxgate.types import Busy, VoxgateError
 
@@ -86,7 +87,8 @@ class Gateway:
                 try:
                     if not rate.take(time.monotonic(), len(raw)):
                         raise ProtocolError("rate_limited", "too many messages; the socket is closed", fatal=True)
-                    message = parse_client(raw, self.settings.ws_max_message_bytes, compat)
+                    limit = self.settings.ws_max_message_bytes
+                    message = parse_omni(raw, limit) if compat else parse_client(raw, limit)
                     live = await self._apply(message, live, websocket, client)
                 except (ProtocolError, VoxgateError) as exc:
                     reply = exc.to_message() if isinstance(exc, ProtocolError) else error(exc.code, exc.message)
@@ -137,12 +139,17 @@ class Gateway:
             else:
                 await send_now(websocket, reply)
             return live
+        if isinstance(message, OmniConfig):
+            if live is None:
+                return self._open(message.session_start(), websocket, client, omni=message)
+            self._reconfigure(live, message, client)
+            return live
         if isinstance(message, SessionStart):
             if live is not None:
                 raise ProtocolError("session_exists", "this socket already has a session")
             if message.resume:
                 return self._resume(message, websocket, client)
-            return self._open(message, websocket, client, omni=websocket.url.path.endswith("/speech/stream"))
+            return self._open(message, websocket, client)
         if live is None:
             raise ProtocolError("no_session", "send session.start first")
         session = live.session
@@ -171,11 +178,10 @@ class Gateway:
 
     # ------------------------------------------------------------------ sessions
 
-    def _open(self, start: SessionStart, websocket: WebSocket, client: Client, omni: bool = False) -> Live:
+    def _open(self, start: SessionStart, websocket: WebSocket, client: Client, omni: OmniConfig | None = None) -> Live:
         if len(self.sessions) >= self.settings.ws_max_sessions:
             raise ProtocolError("too_many_sessions", f"the server holds {len(self.sessions)} sessions", fatal=True)
-        fmt = {"pcm16": "pcm", "mulaw": "mulaw"}.get(start.format, start.format)
-        plan = self.state.voice_plan(start.voice, fmt, start.sample_rate, start.language, client=client.id)
+        plan = self._plan(start, client)
         self.state.sessions.open(client.id)  # TooManySessions: the socket stays open
         try:
             self.state.limiter.open_session()  # Busy past the engine's real-time voices (the socket stays open)
@@ -186,11 +192,34 @@ class Gateway:
         s = self.settings
         session = Session(session_id, start, plan.sample_rate, s.ws_replay_bytes, s.max_text_chars,
                           s.ws_text_queue_chars)  # fmt: skip
-        live = Live(session, plan, owner=client.id, resume_token=secrets.token_urlsafe(24), omni=omni, reserved=True)
+        framing = OmniFraming(omni, plan.sample_rate) if omni is not None else None
+        live = Live(session, plan, owner=client.id, resume_token=secrets.token_urlsafe(24), omni=framing, reserved=True)
         self.sessions[session_id] = live
         live.synth = asyncio.get_running_loop().create_task(self._synthesise(live))
         self._attach(live, websocket, resumed=False)
         return live
+
+    def _plan(self, start: SessionStart, client: Client) -> StreamPlan:
+        fmt = {"pcm16": "pcm", "mulaw": "mulaw"}.get(start.format, start.format)
+        return self.state.voice_plan(start.voice, fmt, start.sample_rate, start.language, client=client.id,
+                                     speed=start.speed, instructions=start.instructions)  # fmt: skip
+
+    def _reconfigure(self, live: Live, config: OmniConfig, client: Client) -> None:
+        """vLLM-Omni's session.config again, between utterances: the next ones speak with it (at
+        the session's sample rate: raw PCM cannot change rate mid-socket)."""
+        if live.omni is None:
+            raise ProtocolError("session_exists", "this socket already has a session")
+        if live.session.open:
+            raise ProtocolError("utterance_open", "session.config cannot be applied while an utterance is in "
+                                "progress; send input.done first")  # fmt: skip
+        start = config.session_start()
+        if start.sample_rate != live.session.sample_rate:
+            raise ProtocolError("unsupported_sample_rate", f"this socket speaks at {live.session.sample_rate} Hz; "
+                                "open another for another rate")  # fmt: skip
+        live.plan = self._plan(start, client)
+        live.session.config = start
+        live.omni.close()
+        live.omni = OmniFraming(config, live.session.sample_rate, live.omni.utterance)
 
     def _resume(self, start: SessionStart, websocket: WebSocket, client: Client) -> Live:
         """Only with the session's resume token, and (where keys identify clients) from its
@@ -222,9 +251,11 @@ class Gateway:
             live.reserved = True
         live.replies.clear()
         live.reply_bytes, live.close_code = 0, None
-        live.reply({"type": "session.started", "session_id": s.session_id, "resume_token": live.resume_token,
-                    "sample_rate": s.sample_rate, "format": s.config.format, "resumed": resumed,
-                    "next_unit_index": s.next_unit, "resume_window_s": self.settings.ws_resume_window_s})  # fmt: skip
+        if live.omni is None:  # vLLM-Omni's server answers its session.config with nothing
+            live.reply({"type": "session.started", "session_id": s.session_id, "resume_token": live.resume_token,
+                        "sample_rate": s.sample_rate, "format": s.config.format, "resumed": resumed,
+                        "next_unit_index": s.next_unit,
+                        "resume_window_s": self.settings.ws_resume_window_s})  # fmt: skip
         live.clock.reset()  # what the last socket had is gone with it; a replay counts anew
         live.writer = asyncio.get_running_loop().create_task(self._write(live, websocket))
         live.work.set()  # a synthesiser that held back while nobody listened goes on
@@ -266,6 +297,8 @@ class Gateway:
             live.stream.cancel("session_end")
         if live.synth is not None and live.synth is not asyncio.current_task():
             live.synth.cancel()
+        if live.omni is not None:
+            live.omni.close()
 
     def _start_janitor(self) -> None:
         if self._janitor is None or self._janitor.done():
@@ -343,9 +376,8 @@ class Gateway:
     @staticmethod
     def _frames(live: Live, entry: Entry) -> list[str | bytes]:
         """A logged message as frames: JSON, then the audio bytes (binary, or base64 inside)."""
-        if live.omni:
-            frames, live.sentence = omni_frames(entry.message, entry.payload, entry.first, live.sentence)
-            return frames
+        if live.omni is not None:
+            return live.omni.frames(entry.message, entry.payload, entry.text)
         if entry.payload is None:
             return [json.dumps(entry.message)]
         if not live.session.config.binary:

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import WebSocket, WebSocketDisconnect
 
 from voxgate.bridge.pipeline import ChunkStream
+from voxgate.serving.omni import OmniFraming
 from voxgate.serving.session import Session
 from voxgate.serving.state import StreamPlan
 from voxgate.speech.clock import PlaybackClock
@@ -42,8 +43,7 @@ class Live:
     clock: PlaybackClock = field(default_factory=PlaybackClock)  # the listener's: audio written (deadlines, pacing)
     dropped: str | None = None  # why the last socket was dropped, told on resume
     close_code: int | None = None  # the writer closes the socket with this once its replies are out
-    omni: bool = False  # vLLM-Omni's framing (the compatibility path)
-    sentence: int = 0  # its segment counter
+    omni: OmniFraming | None = None  # vLLM-Omni's framing (its path, /v1/audio/speech/stream)
 
     def reply(self, message: dict[str, Any]) -> None:
         text = json.dumps(message)  # ASCII-escaped: whatever a string holds, it encodes

@@ -51,6 +51,8 @@ class SessionStart(_Message):
     )
     pacing: bool = False
     pacing_lead_ms: int = Field(300, ge=0, le=5000)
+    speed: float = Field(1.0, ge=0.25, le=4.0, description="speaking rate (engines that cannot: not_supported)")
+    instructions: str | None = Field(None, max_length=2000, description="style instructions (qwen3 VoiceDesign)")
     resume: Resume | None = None
 
 
@@ -75,9 +77,8 @@ ClientMessage = Annotated[SessionStart | TextDelta | Bare | Ping, Field(discrimi
 _ADAPTER: TypeAdapter[SessionStart | TextDelta | Bare | Ping] = TypeAdapter(ClientMessage)
 CLIENT_TYPES = ("session.start", "text.delta", "text.flush", "text.end", "cancel", "session.end", "ping")
 
-# vLLM-Omni's streaming speech socket: its names for the same messages.
-_COMPAT = {"session.config": "session.start", "input.text": "text.delta", "input.done": "text.end",
-           "session.close": "session.end"}  # fmt: skip
+# vLLM-Omni's streaming speech socket: its names for the same messages (its session.config: omni.py).
+_COMPAT = {"input.text": "text.delta", "input.done": "text.end", "session.close": "session.end"}
 
 
 def decode_frame(raw: str | bytes | None, max_bytes: int) -> Any:
@@ -120,12 +121,17 @@ def _has_lone_surrogate(data: Any) -> bool:
 
 def parse_client(raw: str | bytes, max_bytes: int, compat: bool = False) -> SessionStart | TextDelta | Bare | Ping:
     """One client frame -> a typed message; `ProtocolError` for anything else."""
-    data = decode_frame(raw, max_bytes)
+    return parse_data(decode_frame(raw, max_bytes), compat)
+
+
+def parse_data(data: Any, compat: bool = False) -> SessionStart | TextDelta | Bare | Ping:
+    """A decoded frame -> a typed message; with `compat`, vLLM-Omni's names for ours too
+    (its `session.config`: `serving/omni.py`)."""
     if not isinstance(data, dict):
         raise ProtocolError("invalid_message", "a message is a JSON object with a 'type'")
     kind = data.get("type")
     if compat and isinstance(kind, str) and kind in _COMPAT:  # a list or object is unhashable
-        data = _from_compat(data)
+        data = {"type": _COMPAT[kind], **({"text": data.get("text")} if kind == "input.text" else {})}
         kind = data["type"]
     if not isinstance(kind, str) or kind not in CLIENT_TYPES:
         raise ProtocolError("unknown_type", f"unknown message type {kind!r}; known: {', '.join(CLIENT_TYPES)}")
@@ -133,23 +139,6 @@ def parse_client(raw: str | bytes, max_bytes: int, compat: bool = False) -> Sess
         return _ADAPTER.validate_python(data)
     except ValidationError as exc:
         raise ProtocolError("invalid_message", f"{kind}: {describe_validation(exc.errors())}") from None
-
-
-def _from_compat(data: dict[str, Any]) -> dict[str, Any]:
-    """vLLM-Omni's message -> ours (`input.text` has no unit index: the session numbers it)."""
-    kind = _COMPAT[data["type"]]
-    if kind == "session.start":
-        fmt = data.get("response_format", "pcm16")
-        # vLLM-Omni speaks sentence by sentence (an audio.start/audio.done pair per sentence), so
-        # its clients get no starter segment.
-        out = {"type": kind, "format": "mulaw" if fmt in ("mulaw", "ulaw") else "pcm16", "starter_units": 0}
-        for key in ("voice", "language", "sample_rate"):
-            if key in data:
-                out[key] = data[key]
-        return out
-    if kind == "text.delta":
-        return {"type": kind, "text": data.get("text")}
-    return {"type": kind}
 
 
 def schema() -> dict[str, Any]:
@@ -161,20 +150,3 @@ def schema() -> dict[str, Any]:
 
 def error(code: str, message: str, fatal: bool = False, **extra: Any) -> dict[str, Any]:
     return {"type": "error", "code": code, "message": message, "fatal": fatal, **extra}
-
-
-def omni_frames(
-    message: dict[str, Any], payload: bytes | None, first: bool, sentence: int
-) -> tuple[list[str | bytes], int]:
-    """One logged message as vLLM-Omni's streaming speech socket sends it: `audio.start`
-    before a segment's first audio, bare binary PCM frames, `audio.done` after it (segments
-    numbered by `sentence`); other messages as they are. Returns (frames, next sentence)."""
-    kind = message["type"]
-    if kind == "audio":
-        frames: list[str | bytes] = []
-        if first:
-            frames.append(json.dumps({"type": "audio.start", "sentence_index": sentence}))
-        return [*frames, payload or b""], sentence
-    if kind == "units.done":
-        return [json.dumps({"type": "audio.done", "sentence_index": sentence})], sentence + 1
-    return [json.dumps(message)], sentence
