@@ -235,3 +235,12 @@ def test_any_bytes_decode_within_bounds_or_are_refused_as_invalid_audio(data):
     assert bounds.min_rate <= decoded.sample_rate <= bounds.max_rate
     assert bounds.min_seconds <= len(decoded.samples) / decoded.sample_rate <= bounds.max_seconds
     assert np.isfinite(decoded.samples).all() and np.abs(decoded.samples).max() <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("codec", "muxer", "rate", "container", "lossless"), FORMATS, ids=[f[0] + "-" + f[1] for f in FORMATS]
+)
+def test_a_file_cut_off_after_its_header_is_refused_as_invalid_audio(codec, muxer, rate, container, lossless):
+    """A header with no audio behind it (an upload cut short) says so: never a 500."""
+    with pytest.raises(InvalidAudio):
+        decode_audio(encode(codec, muxer, rate)[:64])

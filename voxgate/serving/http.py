@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from voxgate.audio import COMPRESSED, FORMATS
+from voxgate.audio import COMPRESSED, FORMATS, resample
 from voxgate.audio_decode import decode_audio
 from voxgate.audio_encode import MEDIA_TYPES
 from voxgate.engines.base import Engine, VoiceCloner
@@ -212,6 +212,7 @@ async def voices(request: Request) -> JSONResponse:
             413: "text_too_long: the transcript is over VOXGATE_MAX_TEXT_CHARS; "
                  "request_too_large: the body is over VOXGATE_MAX_VOICE_UPLOAD_BYTES",
             429: "too_many_voices: this client keeps VOXGATE_MAX_VOICES_PER_CLIENT voices",
+            507: "storage_failed: the voice could not be written to VOXGATE_DATA_DIR (it is not kept)",
             **_NOT_READY,
         }),
     },
@@ -241,10 +242,12 @@ async def add_voice(request: Request) -> JSONResponse:
 
 
 def _register_voice(state: ServerState, engine: Engine, body: VoiceUpload, audio: bytes) -> VoiceInfo:
-    """On a worker: decode (bounded, see voxgate/audio_decode.py), clone, settle the claim."""
+    """On a worker: decode (bounded, see voxgate/audio_decode.py), resample to the engine's
+    rate, clone and store (serving/voices.py), settle the claim."""
     try:
         decoded = decode_audio(audio)
-        return engine.add_voice(body.id, decoded.samples, decoded.sample_rate, body.text)  # type: ignore[attr-defined]
+        samples = resample(decoded.samples, decoded.sample_rate, engine.sample_rate)
+        return state.cloned_voices.register(engine, body.id, samples, engine.sample_rate, body.text)  # type: ignore[arg-type]
     finally:
         state.voice_owners.end(body.id, engine_has_it=_engine_has(engine, body.id))
 
@@ -256,7 +259,14 @@ def _engine_has(engine: Engine, voice_id: str) -> bool:
 @router.delete(
     "/v1/voices/{voice_id}",
     status_code=204,
-    responses=errors({400: _CLONING, 404: "not_found: no such voice of this client's", **_NOT_READY}),
+    responses=errors(
+        {
+            400: _CLONING,
+            404: "not_found: no such voice of this client's",
+            507: "storage_failed: VOXGATE_DATA_DIR could not be changed",
+            **_NOT_READY,
+        }
+    ),
 )
 async def remove_voice(voice_id: str, request: Request) -> Response:
     """Forget one of this client's cloned voices; another client's is `not_found`, as an
@@ -267,8 +277,11 @@ async def remove_voice(voice_id: str, request: Request) -> Response:
         raise NotSupported(f"the {engine.name} engine cannot clone voices")
     if not state.voice_owners.owns(voice_id, client_of(request)):
         raise NotFound(f"no cloned voice {voice_id!r}")
-    engine.remove_voice(voice_id)
-    state.voice_owners.forget(voice_id)
+    try:
+        await asyncio.get_running_loop().run_in_executor(state.executor, state.cloned_voices.remove, engine, voice_id)
+    finally:
+        if not _engine_has(engine, voice_id):  # else the owner's re-upload got in after this delete
+            state.voice_owners.forget(voice_id)
     return Response(status_code=204)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable
@@ -21,7 +22,8 @@ from voxgate.engines.registry import create_engine
 from voxgate.serving.auth import Authenticator
 from voxgate.serving.fair import FairLimiter
 from voxgate.serving.metrics import FIRST_AUDIO_STAGES, Metrics
-from voxgate.serving.voices import VoiceOwners
+from voxgate.serving.voice_store import VoiceStore
+from voxgate.serving.voices import ClonedVoices, OwnerDigests, VoiceOwners
 from voxgate.speech.limits import SessionCounter, StreamLimiter
 from voxgate.speech.starter import StarterCache, opener_stream
 from voxgate.speech.workers import EnginePool
@@ -64,6 +66,7 @@ class ServerState:
     engine_pool: EnginePool = field(init=False)  # engine stream calls, most urgent first
     timings: deque[dict[str, Any]] = field(init=False)
     voice_owners: VoiceOwners = field(init=False)  # who cloned each voice (serving/voices.py)
+    cloned_voices: ClonedVoices = field(init=False)  # cloned voices in the engine and on disk (VOXGATE_DATA_DIR)
     llm: Any = None  # the embedded LLM (voxgate.bridge.embedded.EmbeddedLLM), when started
     llm_error: str | None = None  # why there is no LLM
     llm_limiter: FairLimiter = field(init=False)  # every LLM call's slot, fair across clients (serving/fair.py)
@@ -83,7 +86,10 @@ class ServerState:
         self.engine_pool = EnginePool(s.max_streams + 4)  # sized for the engine once it is loaded
         self.engine_pool.max_piece_chars = s.max_piece_chars
         self.timings = deque(maxlen=max(1, s.timings_kept))
-        self.voice_owners = VoiceOwners(s.max_voices_per_client)
+        store = VoiceStore(s.data_dir) if s.data_dir is not None else None
+        secret = store.secret() if store is not None else secrets.token_bytes(32)
+        self.voice_owners = VoiceOwners(s.max_voices_per_client, OwnerDigests(secret, s.api_keys, s.admin_keys))
+        self.cloned_voices = ClonedVoices(self.voice_owners, store)
 
     # ------------------------------------------------------------------ start-up
 
@@ -93,6 +99,7 @@ class ServerState:
         try:
             if self.engine is None:
                 self.engine = create_engine(self.settings.engine, self.settings)
+            self.cloned_voices.restore(self.engine)
             self.engine_pool.workers = self._engine_workers(self.engine)
             if self.engine.parallel_calls:  # calls compute: fewer hops, new streams first
                 self.engine_pool.batch_s = self.settings.engine_batch_ms / 1000
