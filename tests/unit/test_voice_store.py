@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from voxgate.serving.auth import Authenticator
-from voxgate.serving.voice_store import StoredVoice, VoiceStore
+from voxgate.serving.voice_store import StorageFailed, StoredVoice, VoiceStore
 from voxgate.serving.voices import OwnerDigests, VoiceOwners
 from voxgate.types import TooManyVoices
 
@@ -152,3 +152,13 @@ def test_a_restored_voice_is_its_owners_and_counts_toward_the_cap():
     assert owners.count("key0") == 1
     with pytest.raises(TooManyVoices):
         owners.begin("another", "key0", engine_has_it=False)
+
+
+def test_an_unusable_data_dir_is_a_storage_error_that_names_it(tmp_path):
+    (tmp_path / "a-file").write_text("not a directory")
+    with pytest.raises(StorageFailed, match="a-file"):
+        VoiceStore(tmp_path / "a-file" / "data").secret()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "secret").write_bytes(b"short")
+    with pytest.raises(StorageFailed, match="not a voxgate secret"):
+        VoiceStore(tmp_path / "data").secret()

@@ -76,21 +76,19 @@ class VoiceStore:
         """This data dir's HMAC key, created (0600) on first use; the same on every start,
         so an owner's digest is too."""
         path = self.data_dir / "secret"
-        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            secret = path.read_bytes()
-            if len(secret) != SECRET_BYTES:
-                raise StorageFailed(
-                    f"{path} is not a voxgate secret ({len(secret)} bytes, not {SECRET_BYTES})"
-                ) from None
-            return secret
-        secret = secrets.token_bytes(SECRET_BYTES)
-        with os.fdopen(fd, "wb") as f:
-            f.write(secret)
-            f.flush()
-            os.fsync(f.fileno())
+            self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                return _check_secret(path, path.read_bytes())
+            secret = secrets.token_bytes(SECRET_BYTES)
+            with os.fdopen(fd, "wb") as f:
+                f.write(secret)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            raise StorageFailed(f"VOXGATE_DATA_DIR {self.data_dir} is not usable: {exc.strerror or exc}") from None
         return secret
 
     def save(self, voice: StoredVoice) -> None:
@@ -162,6 +160,12 @@ class VoiceStore:
         return StoredVoice(
             voice_id, manifest["engine"], manifest["ref_text"], owner, decoded.samples, decoded.sample_rate
         )
+
+
+def _check_secret(path: Path, secret: bytes) -> bytes:
+    if len(secret) != SECRET_BYTES:
+        raise StorageFailed(f"{path} is not a voxgate secret ({len(secret)} bytes, not {SECRET_BYTES})")
+    return secret
 
 
 def _manifest_problem(manifest: object, folder_name: str) -> str | None:
