@@ -77,10 +77,11 @@ RESUME = st.fixed_dictionaries(
 RATES = st.one_of(st.sampled_from([8000, 16000, 22050, 24000, 44100, 48000]), st.integers(7990, 48010))
 PING = _message("ping", id=st.one_of(st.none(), st.integers(-(2**70), 2**70), TEXT, JSON_VALUES))
 
+FORMATS = ("pcm16", "mulaw", "mp3", "opus", "aac", "flac")  # served and not, on each socket
 TTS_MESSAGES = st.one_of(
     _message("session.start", voice=st.one_of(st.none(), st.sampled_from(["tone", "alloy"]), TEXT),
              language=st.one_of(st.none(), st.sampled_from(["en", "zh", "auto"]), TEXT),
-             format=st.one_of(st.sampled_from(["pcm16", "mulaw"]), TEXT), sample_rate=st.one_of(st.none(), RATES),
+             format=st.one_of(st.sampled_from(FORMATS), TEXT), sample_rate=st.one_of(st.none(), RATES),
              binary=st.booleans(), units=st.sampled_from(["words", "chars"]),
              max_pending_units=st.integers(0, 201), pacing=st.booleans(), pacing_lead_ms=st.integers(-1, 5001),
              resume=st.one_of(st.none(), RESUME)),
@@ -91,7 +92,7 @@ TTS_MESSAGES = st.one_of(
 OMNI_MESSAGES = st.one_of(
     TTS_MESSAGES,
     _message("session.config", voice=st.one_of(st.none(), TEXT), language=TEXT, sample_rate=st.one_of(st.none(), RATES),
-             response_format=st.one_of(st.sampled_from(["pcm", "pcm16", "mulaw", "ulaw", "wav"]), TEXT)),
+             response_format=st.one_of(st.sampled_from(("wav", "pcm", *FORMATS)), TEXT)),
     _message("input.text", text=TEXT),
     st.sampled_from(["input.done", "session.close"]).map(lambda kind: {"type": kind}),
 )  # fmt: skip

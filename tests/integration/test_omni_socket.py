@@ -182,6 +182,7 @@ def test_speed_speaker_and_sample_rate_are_honoured(server):
         ({"ref_audio": "data:audio/wav;base64,UklGRg=="}, "not_supported"),
         ({"word_timestamps": True}, "not_supported"),
         ({"speed": 9}, "invalid_message"),
+        ({"response_format": "opus", "sample_rate": 22050}, "unsupported_sample_rate"),
         ({"voice": "nobody-has-this-voice"}, "unknown_voice"),
     ],
 )

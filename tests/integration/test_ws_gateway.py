@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import math
 import socket
 import time
 from collections.abc import Iterator
 
+import av
 import httpx
 import pytest
 import websockets
@@ -109,7 +111,7 @@ def test_bad_input_gets_typed_errors_and_hurts_no_one(gateway):
                 await ws.send(raw)
             await ws.send(b"\x00\x01binary")
             await c.send(type="session.start", voice="no-such-voice")
-            await c.send(type="session.start", format="mp3")
+            await c.send(type="session.start", format="flac")
             codes = [(await c.next())["code"] for _ in range(9)]
             await c.send(type="session.start")
             assert (await c.next())["type"] == "session.started"  # the socket still works
@@ -366,3 +368,48 @@ def test_a_starter_that_is_a_cached_opener_is_played_from_the_cache(patient_gate
     messages = asyncio.run(run())
     assert metric(patient_gateway, "voxgate_starter_cache_hits_total") == hits + 1
     assert [(m["unit_start"], m["unit_end"]) for m in messages if m["type"] == "units.done"] == [(0, 0), (1, 3)]
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac"])
+def test_compressed_formats_make_each_segment_a_whole_stream_of_the_same_audio(gateway, fmt):
+    """Each segment's pieces, joined, decode on their own (a cancel or a resume works by whole
+    segments, so a decoder never gets half a stream), and the headers count the same samples as
+    PCM does for the same text (tone: exact); the decoded audio is that long but for the codec's
+    padding (at most one frame a segment, plus Opus's pre-skip)."""
+    text = "Compressed audio over the socket, cut into a few segments for the check."
+
+    async def session(config: dict) -> Client:
+        async with websockets.connect(_ws(gateway)) as ws:
+            c = Client(ws)
+            started = await c.start(max_pending_units=4, **config)
+            assert started["type"] == "session.started" and started["format"] == config["format"]
+            await c.words(text)
+            await c.send(type="session.end")
+            await c.until("session.done")
+            return c
+
+    async def run() -> tuple[Client, Client]:
+        return await session({"format": fmt}), await session({"format": "pcm16"})
+
+    compressed, pcm = asyncio.run(run())
+    samples = sum(m["samples"] for m in compressed.of("audio"))
+    assert samples == sum(m["samples"] for m in pcm.of("audio")) > 0
+    segments: dict[int, bytes] = {}
+    for m in compressed.of("audio"):
+        segments[m["unit_start"]] = segments.get(m["unit_start"], b"") + m["payload"]
+    assert len(segments) >= 3
+    decoded = 0
+    for data in segments.values():
+        with av.open(io.BytesIO(data)) as container:
+            stream = container.streams.audio[0]
+            decoded += sum(frame.samples for frame in container.decode(stream)) * 24000 // stream.rate
+    assert samples <= decoded <= samples + len(segments) * 2048 + 312  # mp3 1152, AAC 2048, Opus 480 a frame
+
+
+def test_a_format_the_socket_cannot_stream_is_refused_by_name(gateway):
+    async def run() -> dict:
+        async with websockets.connect(_ws(gateway)) as ws:
+            return await Client(ws).start(format="flac")
+
+    refused = asyncio.run(run())
+    assert refused["type"] == "error" and refused["code"] == "unsupported_format" and "mp3" in refused["message"]

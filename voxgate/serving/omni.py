@@ -24,10 +24,11 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
-from voxgate.audio import COMPRESSED, pcm16_to_float, wav_header
+from voxgate.audio import COMPRESSED, check_output, pcm16_to_float, wav_header
 from voxgate.audio_encode import CompressedEncoder
 from voxgate.serving.protocol import describe_validation
 from voxgate.serving.wsproto import Bare, Ping, ProtocolError, SessionStart, TextDelta, decode_frame, parse_data
+from voxgate.types import VoxgateError
 
 OMNI_RATE = 24_000  # vLLM-Omni's PCM: Qwen3-TTS's own rate
 OMNI_FORMATS = ("wav", "pcm", "flac", "mp3", "opus", "aac")
@@ -67,6 +68,10 @@ class OmniConfig(BaseModel):
         if fmt not in OMNI_FORMATS:
             raise ProtocolError("unsupported_format", f"response_format {self.response_format!r} is not served "
                                 f"here; use one of {', '.join(OMNI_FORMATS)}")  # fmt: skip
+        try:
+            check_output(fmt, self.sample_rate, OMNI_RATE, OMNI_FORMATS)  # the rate for the format (Opus's few)
+        except VoxgateError as exc:
+            raise ProtocolError(exc.code, exc.message) from None
         if self.ref_audio:
             raise ProtocolError("not_supported", "cloning from ref_audio in session.config is not supported: "
                                 "register the voice with POST /v1/voices and name it in 'voice'")  # fmt: skip

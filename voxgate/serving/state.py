@@ -328,11 +328,12 @@ class ServerState:
         client: str | None = None,
         speed: float = 1.0,
         instructions: str | None = None,
+        formats: tuple[str, ...] = FORMATS,
     ) -> StreamPlan:
         """`plan` for text that comes later (WebSocket sessions, bridge replies): checks the
         voice, language, speed and output now; each segment's text replaces the placeholder."""
         return self.plan(text="-", voice=voice, fmt=fmt, sample_rate=sample_rate, language=language, client=client,
-                         speed=speed, instructions=instructions)  # fmt: skip
+                         speed=speed, instructions=instructions, formats=formats)  # fmt: skip
 
     def record_first_audio(
         self, endpoint: str, request_id: str, clocks: tuple[float, ...], opens_utterance: bool

@@ -24,7 +24,8 @@ from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
-from voxgate.audio import StreamEncoder
+from voxgate.audio import FORMATS
+from voxgate.audio_encode import make_encoder
 from voxgate.serving.auth import Client
 from voxgate.serving.limits import MessageRate, Turn
 from voxgate.serving.omni import OmniConfig, OmniFraming, parse_omni
@@ -36,6 +37,9 @@ from voxgate.speech.stream import EngineStream
 from voxgate.types import Busy, VoxgateError
 
 log = logging.getLogger(__name__)
+# The socket's formats (`session.start` `format`): PCM and mu-law, and the compressed ones whose
+# streams may be joined end to end (FLAC may not: each stream starts with its own header).
+WS_FORMATS = (*(f for f in FORMATS if f != "wav"), "mp3", "opus", "aac")
 DETACHED_PRIORITY = -100  # the lowest a request may ask for (HTTP allows -100..100)
 router = APIRouter()
 
@@ -151,7 +155,7 @@ class Gateway:
                 return self._resume(message, websocket, client)
             return self._open(message, websocket, client)
         if live is None:
-            raise ProtocolError("no_session", "send session.start first")
+            raise ProtocolError("no_session", "send session.start first (session.config on vLLM-Omni's path)")
         session = live.session
         now = time.perf_counter()
         if isinstance(message, TextDelta):
@@ -200,9 +204,10 @@ class Gateway:
         return live
 
     def _plan(self, start: SessionStart, client: Client) -> StreamPlan:
-        fmt = {"pcm16": "pcm", "mulaw": "mulaw"}.get(start.format, start.format)
+        fmt = "pcm" if start.format == "pcm16" else start.format
         return self.state.voice_plan(start.voice, fmt, start.sample_rate, start.language, client=client.id,
-                                     speed=start.speed, instructions=start.instructions)  # fmt: skip
+                                     speed=start.speed, instructions=start.instructions,
+                                     formats=WS_FORMATS)  # fmt: skip
 
     def _reconfigure(self, live: Live, config: OmniConfig, client: Client) -> None:
         """vLLM-Omni's session.config again, between utterances: the next ones speak with it (at
@@ -434,25 +439,31 @@ class Gateway:
 
         stream = self.state.opener(request, engine_stream) if segment.starter else None  # "Sure." plays at once
         live.stream = stream = stream or engine_stream(request.text)
-        encoder = StreamEncoder(live.plan.fmt, engine.sample_rate, live.plan.sample_rate)
+        # One encoder per segment: a compressed segment is a whole stream (mp3 and ADTS frames,
+        # or a chained Ogg stream), so a cancel or a resume, which work by whole segments, leave
+        # every stream a decoder gets intact.
+        encoder = make_encoder(live.plan.fmt, engine.sample_rate, live.plan.sample_rate)
         failure: tuple[str, str] | None = None
         try:
             stamps: tuple[float, ...] | None = None  # the clocks on the way to the segment's first audio
+            logged = 0  # samples of audio logged: a compressed piece may hold samples given before it
             while s.current(segment) and (chunk := await stream.next()) is not None:
-                before = encoder.samples_out
                 data = encoder.encode(chunk.samples)
-                if stamps is None and data:
+                if not data:
+                    continue
+                if stamps is None:
                     stamps = (taken, slot, chunk.t_ready, time.perf_counter())
-                    s.audio(segment, data, encoder.samples_out - before, stamps)
+                    s.audio(segment, data, encoder.samples_out - logged, stamps)
                 else:
-                    s.audio(segment, data, encoder.samples_out - before)
+                    s.audio(segment, data, encoder.samples_out - logged)
+                logged = encoder.samples_out
                 live.wake.set()
                 await self._room(live, segment)
-            before = encoder.samples_out
-            s.audio(segment, encoder.flush(), encoder.samples_out - before)
+            s.audio(segment, encoder.flush(), encoder.samples_out - logged)
         except VoxgateError as exc:
             failure = (exc.code, exc.message)
         finally:
+            encoder.close()
             stream.cancel("done")
             live.stream = None
             self.state.limiter.release(live.owner, in_session=True)

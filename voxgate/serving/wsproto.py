@@ -41,7 +41,7 @@ class SessionStart(_Message):
     type: Literal["session.start"]
     voice: str | None = Field(None, max_length=128)
     language: str | None = Field(None, max_length=32)
-    format: str = Field("pcm16", max_length=16, description="pcm16 or mulaw (others: unsupported_format)")
+    format: str = Field("pcm16", max_length=16, description="pcm16, mulaw, mp3, opus (Ogg), aac (ADTS)")
     sample_rate: int | None = Field(None, ge=8000, le=48000)
     binary: bool = True
     units: Literal["words", "chars"] = "words"
