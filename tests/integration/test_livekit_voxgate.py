@@ -13,7 +13,8 @@ import pytest
 from livekit.agents import APIConnectOptions, APIStatusError, utils
 
 from tests.conftest import LIMITS_KEYS, metric, tone_pcm, wait_for
-from voxgate.integrations.livekit import TTS, WordBuffer, pieces
+from voxgate.integrations.livekit import TTS
+from voxgate.integrations.wire import WordBuffer, pieces
 
 UNIT_S = 0.12  # the tone engine speaks each unit for 120 ms
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog"]

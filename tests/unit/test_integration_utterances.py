@@ -3,7 +3,8 @@ scripted events in, the messages a client must send out."""
 
 from __future__ import annotations
 
-from voxgate.integrations.utterances import MAX_DELTA_CHARS, Utterances, socket_url
+from voxgate.integrations.utterances import Utterances
+from voxgate.integrations.wire import MAX_DELTA_CHARS, socket_url
 
 
 def _texts(messages: list[dict]) -> list[str]:

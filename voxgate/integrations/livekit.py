@@ -36,12 +36,12 @@ from livekit.agents import (
     utils,
 )
 
-from voxgate.text import is_cjk_char, speakable
+from voxgate.integrations.wire import WordBuffer, pieces, socket_url
+from voxgate.text import speakable
 
 log = logging.getLogger(__name__)
 
-WS_PATH = "/v1/tts/ws"
-MAX_DELTA_CHARS = 250  # well under the server's delta limit (4,000, and VOXGATE_MAX_TEXT_CHARS)
+MAX_DELTA_CHARS = 250  # synthesize(): a long text in pieces this size (the first audio waits for less)
 _GOODBYE_S = 5.0  # at most this long to tell the server a stream is over before dropping the socket
 
 # A refusal as the status LiveKit's retry rule reads (4xx: not retried, but 408 and 429).
@@ -62,13 +62,7 @@ class Options:
 
     @property
     def ws_url(self) -> str:
-        base = self.base_url.rstrip("/")
-        for http, ws in (("https://", "wss://"), ("http://", "ws://")):
-            if base.startswith(http):
-                base = ws + base.removeprefix(http)
-        if not base.startswith(("ws://", "wss://")):
-            raise ValueError(f"base_url must be http(s):// or ws(s)://, got {self.base_url!r}")
-        return base + WS_PATH
+        return socket_url(self.base_url)
 
     def start_message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"type": "session.start", "format": "pcm16", "sample_rate": self.sample_rate}
@@ -156,8 +150,9 @@ class ChunkedStream(tts.ChunkedStream):
         async with self._tts._gateway(self._conn_options.timeout) as gateway:
             output_emitter.initialize(request_id=gateway.session_id, sample_rate=self._tts.sample_rate,
                                       num_channels=1, mime_type="audio/pcm")  # fmt: skip
-            for piece in pieces(speakable(self._input_text)):
-                await gateway.say(piece)
+            for piece in pieces(speakable(self._input_text), MAX_DELTA_CHARS):
+                if piece.strip():
+                    await gateway.say(piece)
             await gateway.finish()
             async for _, payload in gateway.messages():
                 if payload:
@@ -196,7 +191,7 @@ class SynthesizeStream(tts.SynthesizeStream):
         await gateway.finish()
 
     async def _say(self, gateway: Gateway, output_emitter: tts.AudioEmitter, text: str) -> None:
-        for piece in pieces(text):
+        for piece in [p for p in pieces(text, MAX_DELTA_CHARS) if p.strip()]:
             if not gateway.utterance_open:
                 output_emitter.start_segment(segment_id=f"{gateway.session_id}:{gateway.utterances}")
             self._mark_started()
@@ -211,52 +206,6 @@ class SynthesizeStream(tts.SynthesizeStream):
 
 
 # ---------------------------------------------------------------------------- text
-
-
-class WordBuffer:
-    """Deltas as the gateway takes them: whole units only (docs/protocol.md, Units). An LLM
-    token can end inside a word ("Hel" + "lo"); the word is held until a space or a CJK
-    character shows where it ends, or until the input is flushed."""
-
-    def __init__(self) -> None:
-        self._held = ""
-
-    def push(self, text: str) -> str:
-        """Text that may go out now (possibly empty)."""
-        text = self._held + speakable(text)
-        cut = _last_boundary(text)
-        if len(text) - cut > MAX_DELTA_CHARS:  # no word is this long: let it go as it is
-            cut = len(text)
-        if not text[:cut].strip():  # spaces alone say nothing: they go with the next word
-            self._held = text
-            return ""
-        self._held = text[cut:]
-        return text[:cut]
-
-    def drain(self) -> str:
-        """Whatever is held (the input is flushed or over)."""
-        text, self._held = self._held, ""
-        return text if text.strip() else ""
-
-
-def pieces(text: str, limit: int = MAX_DELTA_CHARS) -> list[str]:
-    """`text` as deltas of at most `limit` characters, cut between units where there is one."""
-    out = []
-    while len(text) > limit:
-        cut = _last_boundary(text[:limit]) or limit
-        out.append(text[:cut])
-        text = text[cut:]
-    if text.strip():
-        out.append(text)
-    return [piece for piece in out if piece.strip()]
-
-
-def _last_boundary(text: str) -> int:
-    """The end of the last whole unit in `text`: after its last space or CJK character (0: none)."""
-    cut = len(text)
-    while cut and not (text[cut - 1].isspace() or is_cjk_char(text[cut - 1])):
-        cut -= 1
-    return cut
 
 
 # ---------------------------------------------------------------------------- the socket

@@ -27,7 +27,8 @@ from pipecat.utils.errors import ErrorCategory
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError, InvalidHandshake
 from websockets.protocol import State
 
-from voxgate.integrations.utterances import Utterances, socket_url
+from voxgate.integrations.utterances import Utterances
+from voxgate.integrations.wire import socket_url
 
 log = logging.getLogger(__name__)
 

@@ -11,33 +11,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from voxgate.text import is_cjk_char, speakable, split_units
-
-# A delta's longest text: well inside the protocol's 4,000 and a server's usual text limit. Tokens
-# are far shorter; only text that waited for its turn, or a sentence-mode aggregate, is cut.
-MAX_DELTA_CHARS = 1000
-
-
-def _complete_end(text: str) -> int:
-    """Where the whole units of `text` end: a word still being written (a trailing run of
-    non-space, non-CJK characters) waits for the next token to show whether it goes on."""
-    units = split_units(text)
-    last = units[-1] if units else None
-    if last is not None and last.end == len(text) and not is_cjk_char(last.text):
-        return last.start
-    return len(text)
-
-
-def _pieces(text: str, limit: int = MAX_DELTA_CHARS) -> list[str]:
-    """`text` as deltas of at most `limit` characters, cut before a unit (a word longer than
-    `limit` is cut inside: the protocol's whole-unit rule cannot be kept for it)."""
-    pieces = []
-    while len(text) > limit:
-        starts = [u.start for u in split_units(text[: limit + 1])][1:]  # each piece keeps a unit
-        cut = starts[-1] if starts else limit
-        pieces.append(text[:cut])
-        text = text[cut:]
-    return [*pieces, text]
+from voxgate.integrations.wire import pieces, whole_end
+from voxgate.text import speakable
 
 
 @dataclass(slots=True)
@@ -155,20 +130,11 @@ class Utterances:
         return [*self._deltas(u, whole=True), {"type": "text.end"}]
 
     def _deltas(self, u: _Utterance, whole: bool) -> list[dict[str, Any]]:
-        ready = u.text if whole else u.text[: _complete_end(u.text)]
+        ready = u.text if whole else u.text[: whole_end(u.text)]
         if not ready.strip():  # blank text goes with the next word, so every delta holds a unit
             if whole:
                 u.text = ""
             return []
         u.text = u.text[len(ready) :]
         u.sent = True
-        return [{"type": "text.delta", "text": piece} for piece in _pieces(ready)]
-
-
-def socket_url(base_url: str) -> str:
-    """The gateway's address from the server's: http(s)://host[:port][/v1] -> ws(s)://.../v1/tts/ws."""
-    url = base_url.rstrip("/").removesuffix("/v1")
-    for plain, secure in (("http://", "ws://"), ("https://", "wss://")):
-        if url.startswith(plain):
-            url = secure + url[len(plain) :]
-    return url + "/v1/tts/ws"
+        return [{"type": "text.delta", "text": piece} for piece in pieces(ready)]
