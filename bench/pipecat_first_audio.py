@@ -16,7 +16,9 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import websockets
@@ -35,8 +37,9 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.workers.runner import WorkerRunner
 
 from voxgate.bench.server import ServerProcess
+from voxgate.bench.stats import machine
 from voxgate.integrations.pipecat import VoxgateTTSService
-from voxgate.integrations.utterances import socket_url
+from voxgate.integrations.wire import socket_url
 
 WORDS = [
     "Sure",
@@ -156,8 +159,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=40)
     args = parser.parse_args()
+    header = {"bench": "pipecat_first_audio", "command": " ".join(["python", *sys.argv]),
+              "date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine()}  # fmt: skip
     with ServerProcess("tone") as server:
-        print(json.dumps(asyncio.run(run(server.url, args.trials)), indent=2))
+        print(json.dumps({**header, **asyncio.run(run(server.url, args.trials))}, indent=2))
 
 
 if __name__ == "__main__":
