@@ -166,8 +166,22 @@ class Settings(BaseSettings):
         None, description="Voice agent: an OpenAI-compatible /v1/audio/transcriptions base URL instead of whisper."
     )
     agent_whisper_model: str = Field("tiny.en", description="Voice agent: tiny.en (packaged) or base (multilingual).")
-    agent_vad_hangover_ms: float = Field(200.0, ge=0, le=5000, description="Voice agent: silence that ends a turn.")
+    agent_vad_hangover_ms: float = Field(
+        200.0, ge=0, le=5000, description="Voice agent: silence that ends a turn (with the turn model: that asks it)."
+    )
     agent_min_speech_ms: float = Field(250.0, ge=0, le=5000, description="Voice agent: shortest speech that counts.")
+    agent_turn_model: bool = Field(
+        True, description="Voice agent: ask the Smart Turn model whether a pause ends the turn (else the VAD alone)."
+    )
+    agent_turn_threshold: float = Field(
+        0.5, gt=0, le=1, description="Voice agent: turn model probability at which a pause ends the turn."
+    )
+    agent_turn_max_silence_ms: float = Field(
+        1500.0,
+        ge=0,
+        le=10000,
+        description="Voice agent: a pause the turn model judged incomplete ends the turn after this.",
+    )
     agent_min_interruption_ms: float = Field(
         300.0, ge=0, le=10000, description="Voice agent: speech over a reply shorter than this never interrupts it."
     )

@@ -50,10 +50,13 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from voxgate.bridge.llm import Conversation
 from voxgate.types import VoxgateError
+
+if TYPE_CHECKING:
+    from voxgate.agent.turn import TurnDecision
 
 # The marks of a TurnTrace, in their usual order.
 MARKS = ("vad_start", "vad_end", "stt_done", "llm_first_token", "first_segment", "tts_first_audio",
@@ -111,6 +114,7 @@ class SpeechStarted:
 @dataclass(frozen=True, slots=True)
 class SpeechEnded:
     at: float  # VAD: the user stopped (after the hangover): end of turn
+    end_of_turn: TurnDecision | None = None  # how the turn model decided it, if one did
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +209,7 @@ class TurnTrace:
     heard: str
     marks: dict[str, float]
     error: str | None = None
+    end_of_turn: TurnDecision | None = None  # the turn model's verdict on the user's last pause
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +273,7 @@ class Turn:
     segments: dict[int, str] = field(default_factory=dict)
     played: dict[int, float] = field(default_factory=dict)  # seconds published per segment
     marks: dict[str, float] = field(default_factory=dict)
+    end_of_turn: TurnDecision | None = None
 
     def text(self) -> str:
         return " ".join(p for p in self.parts if p)
@@ -313,7 +319,7 @@ class DuplexController:
             case SpeechStarted(at=at):
                 self._speech_started(at)
             case SpeechEnded(at=at):
-                self._speech_ended(at)
+                self._speech_ended(at, event.end_of_turn)
             case Tick(at=at):
                 self._tick(at)
             case CallEnded(at=at):
@@ -349,10 +355,11 @@ class DuplexController:
         turn.speaking_since, turn.touched = at, max(turn.touched, at)
         self._mark(turn, "vad_start", at)
 
-    def _speech_ended(self, at: float) -> None:
+    def _speech_ended(self, at: float, end_of_turn: TurnDecision | None) -> None:
         turn = self.pending if self.pending is not None else self.turn
         if turn is None or turn.speaking_since is None:
             return self._ignore("speech_end_without_start")
+        turn.end_of_turn = end_of_turn or turn.end_of_turn
         spoke, turn.speaking_since, turn.touched = at - turn.speaking_since, None, max(turn.touched, at)
         if turn.over_reply and spoke < self.config.min_interruption_s:
             return self._advance(turn, at)  # too short to be an interruption: not even transcribed
@@ -477,7 +484,8 @@ class DuplexController:
             marks = {} if end is None else {k: round(1000 * (t - end), 1) for k, t in turn.marks.items()}
             self._notify("turn.trace", turn, status=status, marks=marks)
         user = turn.user or turn.text()
-        self._out.append(TraceDone(TurnTrace(turn.trace_id, status, user, heard, dict(turn.marks), turn.error)))
+        trace = TurnTrace(turn.trace_id, status, user, heard, dict(turn.marks), turn.error, turn.end_of_turn)
+        self._out.append(TraceDone(trace))
 
     def _mark(self, turn: Turn, name: str, at: float, first: bool = True) -> None:
         if first and name in turn.marks:

