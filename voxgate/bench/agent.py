@@ -6,15 +6,18 @@ questions; every `--barge-every`-th turn the bot talks over the reply as soon as
 arrives. From the server's traces: EoT (VAD end of turn) -> STT done, LLM first token, first
 segment, TTS first audio, first frame published (p50/p95), TTS first audio -> first frame
 published, and turn statuses; from the bot: every completed reply audible (RMS floor).
+`--questions multi` asks the multi-sentence set instead (issue 20: `agent_set`, `answers`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--barge-every", type=int, default=5, help="talk over every Nth reply (default 5; 0: never)")
     parser.add_argument("--url", default=None, help="a running server (needs --trace-dir: its VOXGATE_AGENT_TRACE_DIR)")
     parser.add_argument("--trace-dir", default=None, help="where that server writes its call traces")
+    parser.add_argument("--questions", choices=("basic", "multi"), default="basic",
+                        help="basic: five Piper questions, --turns of them in one call; multi: the multi-sentence set "
+                             "(issue 20; espeak-ng voices and Piper, one call per question)")  # fmt: skip
+    parser.add_argument("--limit", type=int, default=0, help="multi: only the set's first N questions (default all)")
+    parser.add_argument(
+        "--stuck-s", type=float, default=20.0, help="multi: no reply this long after the question: stuck"
+    )
     add_set_argument(parser)
     parser.add_argument("--output-json", default=None, help="where to write results (default bench/results/...)")
 
@@ -118,34 +128,52 @@ def _table(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_agent_bench(args: argparse.Namespace) -> int:
-    before = machine()
-    if args.url and not args.trace_dir:
-        raise SystemExit("voxgate bench agent: --url needs --trace-dir (the server's VOXGATE_AGENT_TRACE_DIR)")
+@contextlib.contextmanager
+def _target(args: argparse.Namespace) -> Iterator[tuple[str, Path]]:
+    """(server url, its trace dir): `--url`'s, or a `voxgate serve` started here (Piper, embedded LLM)."""
+    if args.url:
+        if not args.trace_dir:
+            raise SystemExit("voxgate bench agent: --url needs --trace-dir (the server's VOXGATE_AGENT_TRACE_DIR)")
+        yield args.url.rstrip("/"), Path(args.trace_dir)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         trace_dir = Path(args.trace_dir or tmp)
-        if args.url:
-            call = asyncio.run(_call(args.url.rstrip("/"), args.turns, args.barge_every))
-        else:
-            env = {"LLM_EMBEDDED": "true", "AGENT_TRACE_DIR": str(trace_dir)}
-            env.update(settings_env(args.set, "voxgate bench agent"))
-            with ServerProcess("piper", env=env) as server:
-                print(f"server ready at {server.url}", flush=True)
-                call = asyncio.run(_call(server.url, args.turns, args.barge_every))
-                time.sleep(0.5)  # the call's last trace line
-        path = trace_dir / f"{call['call_id']}.jsonl"
-        traces = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-    stamp = datetime.now(UTC)
+        env = {"LLM_EMBEDDED": "true", "AGENT_TRACE_DIR": str(trace_dir)}
+        env.update(settings_env(args.set, "voxgate bench agent"))
+        with ServerProcess("piper", env=env) as server:
+            print(f"server ready at {server.url}", flush=True)
+            yield server.url, trace_dir
+
+
+def _command(args: argparse.Namespace) -> str:
+    if args.questions == "multi":
+        shape = f"--questions multi --stuck-s {args.stuck_s:g}" + (f" --limit {args.limit}" if args.limit else "")
+    else:
+        shape = f"--turns {args.turns} --barge-every {args.barge_every}"
+    return f"voxgate bench agent {shape}" + "".join(f" --set {kv}" for kv in args.set)
+
+
+def _basic(args: argparse.Namespace, url: str, trace_dir: Path) -> tuple[dict[str, Any], str]:
+    call = asyncio.run(_call(url, args.turns, args.barge_every))
+    time.sleep(0.5)  # the call's last trace line
+    path = trace_dir / f"{call['call_id']}.jsonl"
+    traces = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
     result = summarise(traces, call)
-    report = {
-        "bench": "agent",
-        "date": stamp.isoformat(timespec="seconds"),
-        "command": f"voxgate bench agent --turns {args.turns} --barge-every {args.barge_every}"
-        + "".join(f" --set {kv}" for kv in args.set),
-        "machine": before,
-        "summary": result,
-        "traces": traces,
-        "call": call,
-    }
-    write_report(report, "agent", stamp, args.output_json, _table(result))
+    return {"summary": result, "traces": traces, "call": call}, _table(result)
+
+
+def run_agent_bench(args: argparse.Namespace) -> int:
+    from voxgate.bench import agent_set
+
+    before = machine()
+    with _target(args) as (url, trace_dir):
+        if args.questions == "multi":
+            body, table = agent_set.run(args, url, trace_dir, same_host=not args.url)
+        else:
+            body, table = _basic(args, url, trace_dir)
+    stamp = datetime.now(UTC)
+    name = "agent-questions" if args.questions == "multi" else "agent"
+    report = {"bench": name, "date": stamp.isoformat(timespec="seconds"), "command": _command(args),
+              "machine": before, **body}  # fmt: skip
+    write_report(report, name, stamp, args.output_json, table)
     return 0
