@@ -166,6 +166,12 @@ class Settings(BaseSettings):
         None, description="Voice agent: an OpenAI-compatible /v1/audio/transcriptions base URL instead of whisper."
     )
     agent_whisper_model: str = Field("tiny.en", description="Voice agent: tiny.en (packaged) or base (multilingual).")
+    agent_stt_streaming: bool = Field(
+        True, description="Voice agent: transcribe while the user speaks (whisper only), the tail after the turn."
+    )
+    agent_stt_partial_ms: float = Field(
+        700.0, ge=100, le=10000, description="Voice agent: new speech between two partial transcriptions."
+    )
     agent_vad_hangover_ms: float = Field(
         200.0, ge=0, le=5000, description="Voice agent: silence that ends a turn (with the turn model: that asks it)."
     )

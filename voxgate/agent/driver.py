@@ -6,7 +6,9 @@ in `webrtc.py`, or a test's loopback); mic audio comes in as 16-bit PCM frames. 
 reads the mic and runs the VAD (a 32 ms window costs ~0.25 ms, so it stays on the loop), one
 ticks the controller every `tick_s`, and each reply runs as its own task through the bridge's
 `ReplyPipeline`, its audio tagged (trace id, segment) so the track reports what was played.
-STT runs on the server's executor. Every finished turn's trace goes to a JSONL file (if set)
+STT runs on the server's executor; with a transcriber that gives word times (whisper) it
+streams: partial decodes while the user speaks, only the tail after the end of turn
+(`stt_stream.py`). Every finished turn's trace goes to a JSONL file (if set)
 and to `/metrics` as `voxgate_agent_seconds{stage}` (from the end of the user's turn).
 Each reply's LLM request takes a slot of the server's fair LLM limiter as the call's `client`.
 """
@@ -29,7 +31,8 @@ from voxgate.agent import controller as fsm
 from voxgate.agent import vad as vad_events
 from voxgate.agent.capture import ReplyCapture
 from voxgate.agent.host import AgentHost
-from voxgate.agent.stt import Transcriber
+from voxgate.agent.stt import Transcriber, WordTranscriber
+from voxgate.agent.stt_stream import FinalTranscript, StreamingStt
 from voxgate.agent.vad import VAD_RATE, StreamingVad
 from voxgate.bridge.llm import Conversation, LLMClient
 from voxgate.bridge.pipeline import ChunkStream, ReplyPipeline
@@ -70,6 +73,8 @@ class AgentConfig:
     history_chars: int = 6000  # conversation sent to the LLM (fit to its context)
     trace_file: Path | None = None  # one JSON line per finished turn
     capture_dir: Path | None = None  # each reply's enqueued audio as <trace_id>.wav (regression harness)
+    stt_streaming: bool = True  # transcribe while the user speaks (a transcriber with word times only)
+    stt_partial_s: float = 0.7  # new speech between two partial decodes (a pause decodes at once)
 
 
 class CallDriver:
@@ -98,6 +103,10 @@ class CallDriver:
         self._mic = np.zeros(0, dtype=np.int16)
         self._mic_start = 0  # sample index (16 kHz) of self._mic[0]
         self._last_speech: tuple[int, int] | None = None  # the latest utterance's samples, for STT
+        self._streaming = self.config.stt_streaming and isinstance(transcriber, WordTranscriber)
+        self._stream: StreamingStt | None = None  # the utterance being heard, transcribed as it goes
+        self._last_stream: StreamingStt | None = None  # the utterance that just ended
+        self._stt: dict[str, list[dict[str, Any]]] = {}  # trace -> what each part's STT cost, for its trace
         outbound.on_published = self._published
         outbound.on_drained = self._drained
 
@@ -111,6 +120,9 @@ class CallDriver:
                 self._hear(pcm)
         finally:
             ticker.cancel()
+            for stream in (self._stream, self._last_stream):
+                if stream is not None:
+                    stream.close()
             self._handle(fsm.CallEnded(at=time.perf_counter()))
             for pipeline, task in list(self.replies.values()):
                 pipeline.cancel()
@@ -121,10 +133,25 @@ class CallDriver:
         for event in self.vad.push(pcm):
             now = time.perf_counter()
             if isinstance(event, vad_events.SpeechStarted):
+                self._stream = self._open_stream(event.start_sample)
                 self._handle(fsm.SpeechStarted(at=now))
             elif isinstance(event, vad_events.SpeechEnded):
                 self._last_speech = (event.start_sample, event.end_sample)
+                self._last_stream, self._stream = self._stream, None
                 self._handle(fsm.SpeechEnded(at=now))
+        if self._stream is not None:  # from the start of speech to the end of the turn
+            voiced = self.vad.in_speech and self.vad.last_probability >= self.vad.segmenter.config.release
+            self._stream.offer(self._mic_start + len(self._mic), pause=not voiced)
+
+    def _open_stream(self, start: int) -> StreamingStt | None:
+        if not self._streaming:
+            return None
+        transcriber: Any = self.transcriber
+        return StreamingStt(transcriber, self.state.executor, self._audio, start, self.config.stt_partial_s)
+
+    def _audio(self, lo: int, hi: int) -> np.ndarray:
+        """Mic samples `[lo, hi)` by absolute index (what is still kept of them)."""
+        return self._mic[max(lo - self._mic_start, 0) : max(hi - self._mic_start, 0)]
 
     def _keep(self, pcm: np.ndarray) -> None:
         """Mic audio of the last `history_s` seconds (16 kHz), addressed by absolute sample index."""
@@ -149,8 +176,8 @@ class CallDriver:
 
     def _do(self, action: Any) -> None:
         match action:
-            case fsm.StartStt():
-                self._spawn(self._transcribe(action))
+            case fsm.StartStt():  # the utterance is read now: more speech may end before the task starts
+                self._spawn(self._transcribe(action, self._last_speech, self._last_stream))
             case fsm.StartReply():
                 self._start_reply(action)
             case fsm.FlushAudio():
@@ -168,21 +195,26 @@ class CallDriver:
             case _:
                 pass  # Mark: the trace carries the marks
 
-    async def _transcribe(self, action: fsm.StartStt) -> None:
-        span = self._last_speech
-        pcm = np.zeros(0, dtype=np.int16)
-        if span is not None:
-            lo, hi = max(span[0] - self._mic_start, 0), max(span[1] - self._mic_start, 0)
-            pcm = self._mic[lo:hi]
+    async def _transcribe(
+        self, action: fsm.StartStt, span: tuple[int, int] | None, stream: StreamingStt | None
+    ) -> None:
+        pcm = self._audio(*span) if span is not None else np.zeros(0, dtype=np.int16)
         text = ""
         if len(pcm):
-            loop = asyncio.get_running_loop()
             try:
-                result = await loop.run_in_executor(self.state.executor, self.transcriber.transcribe, pcm, VAD_RATE)
-                text = result.text
+                final = await self._final_transcript(pcm, span, stream)
+                text = final.text
+                self._stt.setdefault(action.trace_id, []).append(_stt_row(final, stream is not None))
             except VoxgateError as exc:
                 log.warning("call %s: STT failed: %s", self.call_id, exc.message)
         self._handle(fsm.Transcript(action.trace_id, action.part, text, at=time.perf_counter()))
+
+    async def _final_transcript(self, pcm: np.ndarray, span: Any, stream: StreamingStt | None) -> FinalTranscript:
+        if stream is not None:
+            return await stream.finish(span[1])
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(self.state.executor, self.transcriber.transcribe, pcm, VAD_RATE)
+        return FinalTranscript(result.text, result.duration_s, result.duration_s, False, result.took_s, 0, 0)
 
     def _start_reply(self, action: fsm.StartReply) -> None:
         trace = action.trace_id
@@ -280,11 +312,19 @@ class CallDriver:
                 if stage in marks:
                     self.state.metrics.agent.labels(stage).observe(max(0.0, marks[stage] - end))
         self.state.metrics.agent_turns.labels(trace.status).inc()
+        stt = self._stt.pop(trace.trace_id, [])
         if self.config.trace_file is not None:
-            row = {"call_id": self.call_id, **asdict(trace)}
+            row = {"call_id": self.call_id, **asdict(trace), "stt": stt}
             with contextlib.suppress(OSError), self.config.trace_file.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         task.add_done_callback(lambda t: t.cancelled() or (t.exception() and log.error("call task: %r", t.exception())))
+
+
+def _stt_row(final: FinalTranscript, streamed: bool) -> dict[str, Any]:
+    """What one part's STT cost after the end of its speech, for the turn's trace line."""
+    return {"streaming": streamed, "audio_s": round(final.audio_s, 3), "tail_audio_s": round(final.tail_audio_s, 3),
+            "early": final.early, "tail_ms": round(1000 * final.tail_s, 1), "partials": final.partials,
+            "committed_words": final.committed_words}  # fmt: skip

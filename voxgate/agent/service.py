@@ -76,7 +76,9 @@ class AgentService:
         if trace_file is not None:
             trace_file.parent.mkdir(parents=True, exist_ok=True)
         config = AgentConfig(system=s.agent_system_prompt, max_tokens=s.agent_max_tokens, trace_file=trace_file,
-                             history_chars=self.state.history_chars(), capture_dir=s.agent_capture_dir)  # fmt: skip
+                             history_chars=self.state.history_chars(), capture_dir=s.agent_capture_dir,
+                             stt_streaming=s.agent_stt_streaming,
+                             stt_partial_s=s.agent_stt_partial_ms / 1000)  # fmt: skip
         controller = ControllerConfig(min_interruption_s=s.agent_min_interruption_ms / 1000,
                                       confirm_after_s=s.agent_confirm_after_ms / 1000, detail_events=True)  # fmt: skip
         driver = CallDriver(self.state, call_id, session.outbound, session, transcriber, vad, config, controller,
