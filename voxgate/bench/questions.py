@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from voxgate.audio import decode_wav
-from voxgate.regress import signals
+from voxgate.regress.e2e.speech import join_sentences
 from voxgate.types import VoxgateError
 
 log = logging.getLogger(__name__)
@@ -178,29 +178,16 @@ class Recording:
         return len(self.samples) / self.sample_rate
 
 
-def trim(x: np.ndarray, sample_rate: int) -> np.ndarray:
-    """`x` from its first to its last speech frame (signals.speech_frames: within 40 dB of its peak)."""
-    voiced = np.flatnonzero(signals.speech_frames(x, sample_rate))
-    if voiced.size == 0:
-        raise QuestionSetError("a synthesised sentence has no speech")
-    frame = round(signals.FRAME_S * sample_rate)
-    return x[voiced[0] * frame : (voiced[-1] + 1) * frame]
-
-
 def record(question: Question, voice: Voice, speakers: Speakers) -> Recording:
-    """Synthesise each sentence with `voice`, trim it, and join them with the question's pauses."""
-    pieces, spans, rate = [], [], 0
-    for i, sentence in enumerate(question.sentences):
-        x, r = speakers.speak(voice, sentence)
-        if rate and r != rate:
-            raise QuestionSetError(f"{voice.label} changed its sample rate within a question")
-        rate = r
-        gap_s = LEAD_S if i == 0 else question.pauses_ms[i - 1] / 1000
-        pieces.append(np.zeros(round(gap_s * rate), dtype=np.float32))
-        start = sum(map(len, pieces))
-        pieces.append(trim(np.asarray(x, dtype=np.float32), rate))
-        spans.append((start / rate, (start + len(pieces[-1])) / rate))
-    audio = np.concatenate(pieces)
+    """Synthesise each sentence with `voice`, trim it, and join them with the question's pauses
+    (the regression harness's `join_sentences`, so both say multi-sentence questions alike)."""
+    try:
+        audio, rate, spans = join_sentences(lambda text: speakers.speak(voice, text), question.sentences,
+                                            question.pauses_ms, lead_s=LEAD_S)  # fmt: skip
+    except ValueError as exc:
+        raise QuestionSetError(f"{question.id} ({voice.label}): {exc}") from None
+    if any(end <= start for start, end in spans):
+        raise QuestionSetError(f"{question.id} ({voice.label}): a synthesised sentence has no speech")
     audio *= USER_PEAK / max(float(np.max(np.abs(audio))), 1e-9)
     return Recording(question, voice.label, audio, rate, tuple(spans))
 

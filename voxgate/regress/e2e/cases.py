@@ -27,6 +27,10 @@ class CaseError(VoxgateError):
 class Step:
     text: str
     when: When = "start"  # the first step starts the call; later ones wait for the reply or talk over it
+    # Said sentence by sentence with these pauses between (a multi-sentence question, issue 20);
+    # empty: `text` said in one go.
+    sentences: tuple[str, ...] = ()
+    pauses_ms: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +65,7 @@ class Case:
 
 def _case(raw: dict[str, Any]) -> Case:
     try:
-        steps = tuple(Step(s["text"], s.get("when", "start" if i == 0 else "after_reply"))
-                      for i, s in enumerate(raw["steps"]))  # fmt: skip
+        steps = tuple(_step(i, s) for i, s in enumerate(raw["steps"]))
         noise = Noise(raw["noise"]["kind"], float(raw["noise"]["snr_db"])) if raw.get("noise") else None
         bad = raw.get("anomaly")
         anomaly = Anomaly(bad["kind"], dict(bad.get("params", {}))) if bad else None
@@ -77,7 +80,20 @@ def _case(raw: dict[str, Any]) -> Case:
         raise CaseError(f"case {case.id!r}: the first step (and only it) starts the call")
     if any(s.when not in ("start", "after_reply", "over_reply") for s in case.steps):
         raise CaseError(f"case {case.id!r}: a step's 'when' is start, after_reply or over_reply")
+    if any(s.sentences and len(s.pauses_ms) != len(s.sentences) - 1 for s in case.steps):
+        raise CaseError(f"case {case.id!r}: a step with sentences needs one pause between each two")
+    if any(p < 0 for s in case.steps for p in s.pauses_ms):
+        raise CaseError(f"case {case.id!r}: a pause is >= 0 ms")
     return case
+
+
+def _step(i: int, raw: dict[str, Any]) -> Step:
+    """`{"text": ...}`, or `{"sentences": [...], "pauses_ms": [...]}` (the text is their join)."""
+    when = raw.get("when", "start" if i == 0 else "after_reply")
+    if "sentences" not in raw:
+        return Step(raw["text"], when)
+    sentences = tuple(str(s) for s in raw["sentences"])
+    return Step(" ".join(sentences), when, sentences, tuple(int(p) for p in raw.get("pauses_ms", ())))
 
 
 def load_cases(path: Path | None = None) -> list[Case]:

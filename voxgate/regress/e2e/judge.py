@@ -35,6 +35,7 @@ class CaseResult:
     statuses: list[str | None] = field(default_factory=list)
     audible: bool = False
     problems: list[str] = field(default_factory=list)  # expectations not met
+    answered_once: bool | None = None  # for a case that expects it (a multi-sentence question)
     fingerprint: dict[str, Any] | None = None  # P1: the anomaly as measured in the user's audio
 
 
@@ -51,6 +52,12 @@ def expectation_problems(case: Case, statuses: Sequence[str | None], dropped: Se
     if any(s == "failed" for s in statuses):
         problems.append("a reply failed")
     return problems
+
+
+def answered_once(reply_starts: Sequence[float], words_end: float) -> bool:
+    """Exactly one reply, started after the user's last word: a reply started at a pause inside
+    a multi-sentence question answers part of it, and the rest then gets a second one."""
+    return len(reply_starts) == 1 and reply_starts[0] >= words_end
 
 
 def fingerprint(case: Case, clean: np.ndarray, sent: np.ndarray, rate: int, clip_gate: float) -> dict[str, Any]:
@@ -111,6 +118,9 @@ def gate_values(cases: Sequence[CaseResult], replies: Sequence[ReplyMetrics],
                              ", ".join(c.case_id for c in p0 if not c.audible)))  # fmt: skip
     put("case_expectations", (float(sum(bool(c.problems) for c in p0)) if p0 else None,
                               ", ".join(c.case_id for c in p0 if c.problems)))  # fmt: skip
+    once = [c for c in p0 if c.answered_once is not None]
+    put("multi_answered_once_rate", (sum(bool(c.answered_once) for c in once) / len(once) if once else None,
+                                     ", ".join(c.case_id for c in once if not c.answered_once)))  # fmt: skip
     put("eot_to_first_audio_p95", _p95(of("eot_to_first_audio_ms")))
     kpi = values["eot_to_first_audio_p95"]
     put("primary_kpi_regression", (round(kpi - baseline_kpi_ms, 1) if kpi is not None and baseline_kpi_ms is not None

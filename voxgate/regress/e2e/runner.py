@@ -198,6 +198,9 @@ def _measure(case: Case, attempts: list[CallRecording], capture_dir: Path | None
     result.replies, result.statuses = len(takes), [t.status for t in takes]
     dropped = [str(e.get("reason")) for _, e in rec.events if e.get("type") == "turn.dropped"]
     result.problems = judge.expectation_problems(case, result.statuses, dropped)
+    if case.expect.get("answered_once") and rec.said:
+        starts = [t for t, e in rec.events if e.get("type") == "reply.start"]
+        result.answered_once = judge.answered_once(starts, rec.said[-1].t_eot)
     rows_jsonl = _trace_rows(trace_dir, rec.call_id)
     marks = metrics.trace_marks(rec.events, rows_jsonl)
     rows = []

@@ -3,6 +3,7 @@ like a mic recording, then the case's anomaly and noise applied (`inject`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,10 +74,39 @@ def piper_voice() -> Voice:
     return say
 
 
+def trim(x: np.ndarray, sample_rate: int) -> np.ndarray:
+    """`x` from its first to its last speech frame (`signals.speech_frames`); empty without speech."""
+    voiced = np.flatnonzero(signals.speech_frames(x, sample_rate))
+    frame = round(signals.FRAME_S * sample_rate)
+    return x[voiced[0] * frame : (voiced[-1] + 1) * frame] if voiced.size else x[:0]
+
+
+def join_sentences(voice: Voice, sentences: Sequence[str], pauses_ms: Sequence[int],
+                   lead_s: float = 0.0) -> tuple[np.ndarray, int, list[tuple[float, float]]]:  # fmt: skip
+    """Each sentence said alone, cut to its speech, joined by exactly `pauses_ms` of silence (a
+    TTS's own pause after a full stop is shorter and differs by voice); `lead_s` of silence
+    first. Returns the audio, its rate and each sentence's (start, end) in seconds."""
+    pieces: list[np.ndarray] = []
+    spans, rate = [], 0
+    for i, sentence in enumerate(sentences):
+        x, r = voice(sentence)
+        if rate and r != rate:
+            raise ValueError("the voice changed its sample rate between sentences")
+        rate = r
+        pieces.append(np.zeros(round((pauses_ms[i - 1] / 1000 if i else lead_s) * rate), dtype=np.float32))
+        start = sum(map(len, pieces))
+        pieces.append(trim(np.asarray(x, dtype=np.float32), rate))
+        spans.append((start / rate, (start + len(pieces[-1])) / rate))
+    return np.concatenate(pieces), rate, spans
+
+
 def utterances(case: Case, voice: Voice) -> list[Utterance]:
-    """One utterance per step of `case`."""
+    """One utterance per step of `case` (a step with sentences: joined by its pauses)."""
     out = []
     for i, step in enumerate(case.steps):
-        clean, rate = voice(step.text)
+        if step.sentences:
+            clean, rate, _ = join_sentences(voice, step.sentences, step.pauses_ms)
+        else:
+            clean, rate = voice(step.text)
         out.append(prepare(clean, rate, case, seed=i))
     return out
