@@ -14,7 +14,7 @@ server's `perf_counter`, comparable with the bot's only on the same host (CLOCK_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from voxgate.bench.questions import words
@@ -52,9 +52,6 @@ class Outcome:
     dropped: int  # turns the agent dropped (empty or backchannel transcript)
     trace_id: str | None  # the final reply's turn (the last reply started)
     last_word_to_first_audio_ms: float | None  # at the bot
-
-    def row(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
 
 
 def _times(asked: Asked, kind: str) -> list[float]:
@@ -140,7 +137,7 @@ def summarise(
         ),
         "final_reply_word_recall": summary(recall, 3),
         "stuck_s": stuck_s,
-        "outcomes": [o.row() for o in outcomes],
+        "outcomes": [asdict(o) for o in outcomes],
     }
 
 
