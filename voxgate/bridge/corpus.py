@@ -199,19 +199,21 @@ def segment_stream(deltas: Iterable[str], config: SegmenterConfig | None = None)
 def load_replies(path: Path = REPLIES_FILE) -> list[Reply]:
     """The written corpus (`replies.jsonl`: 341 replies in en, zh, ja, ko and mixed, written
     apart from the segmenter and its generated corpus): ⟦ ⟧ mark the protected spans."""
-    replies = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
-        text, spans, open_at = "", [], -1
-        for part in re.split("([⟦⟧])", record["text"]):
-            if part == "⟦":
-                open_at = len(text)
-            elif part == "⟧":
-                spans.append((open_at, len(text)))
-            else:
-                text += part
-        replies.append(Reply(text, tuple(spans), record["lang"], record["id"]))
-    return replies
+    records = (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines())
+    return [marked_reply(r["text"], r["lang"], r["id"]) for r in records]
+
+
+def marked_reply(marked: str, language: str, id: str = "") -> Reply:
+    """A reply written with its protected spans between ⟦ and ⟧ ("办理⟦日本单次旅游签证⟧...")."""
+    text, spans, open_at = "", [], -1
+    for part in re.split("([⟦⟧])", marked):
+        if part == "⟦":
+            open_at = len(text)
+        elif part == "⟧":
+            spans.append((open_at, len(text)))
+        else:
+            text += part
+    return Reply(text, tuple(spans), language, id)
 
 
 STARTER_LAG = CJK_RIGHT  # characters a decision may read past its boundary (the CJK window)
