@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import jsonschema_rs
 import pytest
+from openapi_spec_validator import OpenAPIV31SpecValidator
 
 from tests.integration.openapi_fuzz import Report, fuzz
 from voxgate.bench.server import ServerProcess
@@ -67,6 +68,14 @@ def test_every_ref_in_the_description_resolves(open_server):
     spec = httpx.get(f"{open_server.url}/openapi.json", timeout=10).json()
     refs = list(_refs(spec))
     assert refs and all(_resolves(spec, ref) for ref in refs), [ref for ref in refs if not _resolves(spec, ref)]
+
+
+def test_the_description_is_a_valid_openapi_3_1_document(open_server):
+    """Checked by openapi-spec-validator (the OpenAPI Initiative's schemas), not by our reading."""
+    spec = httpx.get(f"{open_server.url}/openapi.json", timeout=10).json()
+    assert spec["openapi"].startswith("3.1")
+    errors = [f"{list(e.path)}: {e.message[:300]}" for e in OpenAPIV31SpecValidator(spec).iter_errors()]
+    assert not errors, "\n".join(errors[:20])
 
 
 SPEECH = {"model": "tts-1", "input": "Hello there.", "voice": "alloy"}
