@@ -6,7 +6,7 @@ frame, through the Silero VAD; while it is in speech `StreamingStt` runs its par
 `finish` is timed (the partial in flight, then the tail); then, with nothing else running,
 the whole utterance is transcribed as the agent did before streaming. Prints JSON (seconds).
 
-    .venv/bin/python bench/stt_streaming.py [--partial-ms 700] [--rounds 1]
+    .venv/bin/python bench/stt_streaming.py [--partial-ms 2000] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ async def streamed(audio: np.ndarray, whisper: WhisperTranscriber, executor, par
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--partial-ms", type=float, default=700.0)
+    parser.add_argument("--partial-ms", type=float, default=2000.0)
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     whisper = WhisperTranscriber(WhisperConfig(cpu_threads=2))

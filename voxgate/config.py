@@ -170,7 +170,7 @@ class Settings(BaseSettings):
         True, description="Voice agent: transcribe while the user speaks (whisper only), the tail after the turn."
     )
     agent_stt_partial_ms: float = Field(
-        700.0, ge=100, le=10000, description="Voice agent: new speech between two partial transcriptions."
+        2000.0, ge=100, le=10000, description="Voice agent: new speech between two partial transcriptions."
     )
     agent_vad_hangover_ms: float = Field(
         200.0, ge=0, le=5000, description="Voice agent: silence that ends a turn (with the turn model: that asks it)."

@@ -96,10 +96,13 @@ class Gated:
     def transcribe(self, pcm, sample_rate, language=None):
         return self.whisper.transcribe(pcm, sample_rate, language)
 
-    def transcribe_words(self, pcm, sample_rate, language=None) -> list[Word]:
+    def transcribe_after(self, pcm, sample_rate, prompt, language=None) -> str:
+        return self.whisper.transcribe_after(pcm, sample_rate, prompt, language)
+
+    def transcribe_words(self, pcm, sample_rate, language=None, prompt=None) -> list[Word]:
         self.started += 1
         self.gate.wait(60)
-        return self.whisper.transcribe_words(pcm, sample_rate, language)
+        return self.whisper.transcribe_words(pcm, sample_rate, language, prompt)
 
     def close(self) -> None:
         return None

@@ -74,7 +74,7 @@ class AgentConfig:
     trace_file: Path | None = None  # one JSON line per finished turn
     capture_dir: Path | None = None  # each reply's enqueued audio as <trace_id>.wav (regression harness)
     stt_streaming: bool = True  # transcribe while the user speaks (a transcriber with word times only)
-    stt_partial_s: float = 0.7  # new speech between two partial decodes (a pause decodes at once)
+    stt_partial_s: float = 2.0  # new speech between two partial decodes (a pause decodes at once)
 
 
 class CallDriver:

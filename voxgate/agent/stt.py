@@ -105,7 +105,13 @@ class WordTranscriber(Transcriber, Protocol):
     """A transcriber that can also say where each word lies: what streaming STT needs to cut
     the audio it has already agreed on (`stt_stream.py`)."""
 
-    def transcribe_words(self, pcm: np.ndarray, sample_rate: int, language: str | None = None) -> list[Word]: ...
+    def transcribe_words(
+        self, pcm: np.ndarray, sample_rate: int, language: str | None = None, prompt: str | None = None
+    ) -> list[Word]: ...
+
+    def transcribe_after(self, pcm: np.ndarray, sample_rate: int, prompt: str, language: str | None = None) -> str:
+        """The text of `pcm`, heard as what follows `prompt` (the words already committed)."""
+        ...
 
 
 def to_stt_audio(pcm: np.ndarray, sample_rate: int) -> np.ndarray:
@@ -163,23 +169,34 @@ class WhisperTranscriber:
         text = "".join(s.text for s in segments).strip()  # decoding happens here, as segments are drawn
         return Transcript(text, info.language, audio.size / STT_RATE, time.perf_counter() - t0)
 
-    def transcribe_words(self, pcm: np.ndarray, sample_rate: int, language: str | None = None) -> list[Word]:
+    def transcribe_words(
+        self, pcm: np.ndarray, sample_rate: int, language: str | None = None, prompt: str | None = None
+    ) -> list[Word]:
         """The words of `pcm` with their times (a cross-attention alignment pass after decoding:
-        ~40% more than `transcribe` for tiny.en on 2 s of speech)."""
+        ~40% more than `transcribe` for tiny.en on 2 s of speech); `prompt`: the text before it."""
         audio = to_stt_audio(pcm, sample_rate)
         if audio.size == 0:
             return []
-        segments, _ = self._decode(audio, language, word_timestamps=True)
+        segments, _ = self._decode(audio, language, word_timestamps=True, prompt=prompt)
         return [Word(w.word, w.start, w.end) for s in segments for w in s.words or ()]
 
-    def _decode(self, audio: np.ndarray, language: str | None, word_timestamps: bool) -> tuple[Any, Any]:
+    def transcribe_after(self, pcm: np.ndarray, sample_rate: int, prompt: str, language: str | None = None) -> str:
+        audio = to_stt_audio(pcm, sample_rate)
+        if audio.size == 0:
+            return ""
+        segments, _ = self._decode(audio, language, word_timestamps=False, prompt=prompt)
+        return "".join(s.text for s in segments).strip()
+
+    def _decode(
+        self, audio: np.ndarray, language: str | None, word_timestamps: bool, prompt: str | None = None
+    ) -> tuple[Any, Any]:
         if language is not None and language not in self.languages:
             raise UnsupportedLanguage(f"whisper {self.config.model} does not transcribe {language!r}")
         if not self.multilingual:
             language = self.languages[0]
         return self._model.transcribe(
             audio, language=language, beam_size=self.config.beam_size, condition_on_previous_text=False,
-            word_timestamps=word_timestamps,
+            word_timestamps=word_timestamps, initial_prompt=prompt or None,
         )  # fmt: skip
 
     def warmup(self) -> None:

@@ -173,8 +173,8 @@ class StreamingStt:
         else:
             pcm, hi = self.audio(lo, end), end
             loop = asyncio.get_running_loop()
-            heard = await loop.run_in_executor(self.executor, self.transcriber.transcribe, pcm, STT_RATE, self.language)
-            text, early = self.agreement.text(heard.text), None
+            heard = await loop.run_in_executor(self.executor, self._text, pcm, False)
+            text, early = self.agreement.text(heard), None
         return FinalTranscript(text, (end - self.start) / STT_RATE, (hi - lo) / STT_RATE, early is not None,
                                time.perf_counter() - t0, self.partials, len(self.agreement.committed))  # fmt: skip
 
@@ -206,11 +206,15 @@ class StreamingStt:
 
     def _words(self, pcm: np.ndarray) -> list[Word]:
         with self._counted():
-            return self.transcriber.transcribe_words(pcm, STT_RATE, self.language)
+            return self.transcriber.transcribe_words(pcm, STT_RATE, self.language, self._prompt())
 
-    def _text(self, pcm: np.ndarray) -> str:
-        with self._counted():
-            return self.transcriber.transcribe(pcm, STT_RATE, self.language).text
+    def _text(self, pcm: np.ndarray, partial: bool = True) -> str:
+        """The tail's text, heard after the committed words (as the whole turn's decode hears it)."""
+        with self._counted() if partial else contextlib.nullcontext():
+            return self.transcriber.transcribe_after(pcm, STT_RATE, self._prompt(), self.language)
+
+    def _prompt(self) -> str:
+        return " ".join(w.text.strip() for w in self.agreement.committed[:-1])  # the last one is heard again
 
     @contextlib.contextmanager
     def _counted(self) -> Iterator[None]:
