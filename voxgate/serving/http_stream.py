@@ -13,11 +13,10 @@ from dataclasses import replace
 from fastapi import Request
 from fastapi.responses import Response
 
-from voxgate.audio import StreamEncoder, split_bytes
-from voxgate.audio_encode import CompressedEncoder, make_encoder
 from voxgate.serving.protocol import error_of
 from voxgate.serving.state import ServerState, StreamPlan
 from voxgate.serving.stream import AudioStreamResponse, DisconnectWatch, StreamOutcome
+from voxgate.speech.pieces import WirePieces
 from voxgate.speech.starter import StarterHit
 from voxgate.speech.stream import EngineStream
 from voxgate.text import count_units
@@ -90,10 +89,9 @@ async def open_stream(state: ServerState, request: Request, plan: StreamPlan, en
     if watch.gone.is_set():
         outcome.status = "client_disconnect"
 
-    encoder = make_encoder(plan.fmt, engine.sample_rate, plan.sample_rate)
     chunk_ms = state.settings.chunk_ms
-    piece = encoder.bytes_per_sample * (plan.sample_rate * chunk_ms // 1000)
-    body = _audio_pieces(encoder, piece, outcome.timing, hit, first, stream)
+    wire = WirePieces(plan.fmt, engine.sample_rate, plan.sample_rate, chunk_ms)
+    body = _audio_pieces(wire, outcome.timing, hit, first, stream)
     headers = {
         "x-sample-rate": str(plan.sample_rate),
         "x-chunk-ms": str(chunk_ms),
@@ -102,7 +100,7 @@ async def open_stream(state: ServerState, request: Request, plan: StreamPlan, en
         "x-audio-format": plan.fmt,
         "cache-control": "no-store",
     }
-    media_type = encoder.media_type
+    media_type = wire.media_type
     if sse:
         body, media_type = _sse_events(body, req.text, outcome.timing), "text/event-stream"
     timeout = state.settings.send_timeout_s
@@ -132,8 +130,7 @@ class _StreamEnd:
 
 
 async def _audio_pieces(
-    encoder: StreamEncoder | CompressedEncoder,
-    piece: int,
+    wire: WirePieces,
     timing: Timing,
     hit: StarterHit | None,
     first: AudioChunk | None,
@@ -143,23 +140,23 @@ async def _audio_pieces(
     ends early (the client gone) frees its codec."""
     try:
         if hit is not None:
-            for part in split_bytes(encoder.encode(hit.samples), piece):
+            for part in wire.pieces(hit.samples):
                 yield part
                 if stream is not None:
                     stream.start()
-            timing.audio_s = encoder.samples_out / encoder.out_rate
+            timing.audio_s = wire.audio_s
         chunk = first if first is not None or stream is None else await stream.next()
         while chunk is not None:
-            for part in split_bytes(encoder.encode(chunk.samples), piece):
+            for part in wire.pieces(chunk.samples):
                 yield part
-            timing.audio_s = encoder.samples_out / encoder.out_rate
+            timing.audio_s = wire.audio_s
             chunk = await stream.next() if stream is not None else None
-        tail = encoder.flush()
-        timing.audio_s = encoder.samples_out / encoder.out_rate
+        tail = wire.flush()
+        timing.audio_s = wire.audio_s
         if tail:
             yield tail
     finally:
-        encoder.close()
+        wire.close()
 
 
 async def _sse_events(pieces: AsyncIterator[bytes], text: str, timing: Timing) -> AsyncIterator[bytes]:

@@ -25,13 +25,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from voxgate.audio import StreamEncoder, split_bytes
 from voxgate.bridge.llm import LLMClient
 from voxgate.bridge.pipeline import ChunkStream, ReplyPipeline, heard_text
 from voxgate.bridge.segmenter import Segment, Segmenter
 from voxgate.serving.fair import Lease
 from voxgate.serving.state import ServerState
 from voxgate.speech.clock import PlaybackClock
+from voxgate.speech.pieces import WirePieces
 from voxgate.speech.stream import EngineStream
 from voxgate.types import SynthesisRequest, VoxgateError
 
@@ -132,9 +132,8 @@ class Reply:
         return heard_text([(text, seconds) for text, seconds in self.spans], self.played_s)
 
     async def events(self) -> AsyncIterator[SegmentStarted | AudioOut | ReplyDone]:
-        encoder = StreamEncoder("pcm", self.engine.sample_rate, self.plan.sample_rate)
-        piece = encoder.bytes_per_sample * (self.plan.sample_rate * self.state.settings.chunk_ms // 1000)
-        bytes_per_s = encoder.bytes_per_sample * self.plan.sample_rate
+        wire = WirePieces("pcm", self.engine.sample_rate, self.plan.sample_rate, self.state.settings.chunk_ms)
+        bytes_per_s = wire.bytes_per_s
         current, status, error = -1, "client_disconnect", {}
         try:
             async for segment, chunk in self.pipeline.run(self._deltas()):
@@ -143,7 +142,7 @@ class Reply:
                     self.spans.append([segment.text, 0.0])
                     yield SegmentStarted(segment.index, segment.text, segment.kind, segment.trigger,
                                          segment.index in self._cached)  # fmt: skip
-                for part in split_bytes(encoder.encode(chunk.samples), piece):
+                for part in wire.pieces(chunk.samples):
                     if self.options.pacing:
                         await self._pace()
                     if self.pipeline.cancelled:
