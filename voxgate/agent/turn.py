@@ -1,7 +1,7 @@
 """Semantic end of turn: a pause the VAD found is asked whether the user is done talking.
 
-The VAD alone ends a turn at the first pause of the hangover's length, so "Hi, so. What is
-the tallest mountain in the world?" was answered at "Hi, so." and then again. `TurnDetector`
+The VAD alone ends a turn at the first pause of the hangover's length, so "Okay. So, what is
+the tallest mountain in the world?" was answered at "Okay. So," and then again. `TurnDetector`
 sits on the VAD's events (`StreamingVad(turn=...)`): at each pause it asks a turn model for
 the probability that the turn so far is complete. Complete (>= `threshold`) ends the turn
 now; incomplete holds it open, and speech that resumes continues the same turn (its
@@ -16,15 +16,18 @@ sounds finished, from the audio alone (prosody and words). Its input features co
 faster-whisper's numpy `FeatureExtractor` (the STT's dependency already); they match the
 features pipecat feeds the model to within 2e-6.
 
-Measured on this project's 2-core CPU machine (shared, one ONNX thread, 3 s of speech):
-one call takes ~100 ms at the median and ~125 ms at p95, of which the features are ~16 ms
-(two ONNX threads were slower there: ~140 ms). That is too long for the event loop, so the
-detector can run the model on an executor; it then takes the verdict at the first window
-after it arrives.
+Measured on this project's 2-core CPU machine (one ONNX thread; the input is always 8 s, so
+the length of the turn does not matter): one call takes 103 ms at the median and 126 ms at
+p95 with the machine nearly idle (load 1.6), of which the features are 16 ms; with other
+work on both cores (load 7-8) 140-290 ms. Two ONNX threads were no faster (139 ms idle).
+That is too long for the event loop, so the service runs the model on its executor and the
+detector takes the verdict at the first window after it arrives: a complete turn ends about
+the model's latency after the hangover (`TurnDecision.silence_ms` says how long exactly).
 
 What it cannot do: it judges sound, not meaning, and synthetic voices say every fragment
 with a final fall, so Piper's "Hi there." (0.985) and "I want to book a table for" (0.97)
-sound complete to it, while "What is the" (0.34) and "Okay. So," (0.02) do not.
+sound complete to it (a greeting before a question still ends a turn), while "What is the"
+(0.34) and "Okay. So," (0.02) do not.
 """
 
 from __future__ import annotations
