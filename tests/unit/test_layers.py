@@ -17,7 +17,7 @@ from pathlib import Path
 import voxgate
 
 ROOT = Path(voxgate.__file__).parent
-BASE = {"types", "config", "audio", "audio_decode", "audio_encode", "text", "stats", "runtime", "web"}
+BASE = {"types", "config", "audio", "audio_decode", "audio_encode", "audio_tempo", "text", "stats", "runtime", "web"}
 HARNESS = {"bench", "regress", "cli", "__main__"}
 ALLOWED = {  # what each part may import besides itself
     **{part: BASE for part in BASE},

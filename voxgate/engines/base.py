@@ -30,6 +30,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from voxgate.audio_tempo import TempoStretch
 from voxgate.config import Settings
 from voxgate.text import Piece, Unit, split_pieces, split_units
 from voxgate.types import (
@@ -51,6 +52,7 @@ class Engine(Protocol):
     name: str
     sample_rate: int
     parallel_calls: int | None = None  # calls computing at once in the caller's thread; None: queued inside
+    native_speed: bool = True  # it speaks at `request.speed` itself; False: `stream_pieces` stretches its audio
 
     def counters(self) -> dict[str, dict[str, float]]:
         """Numbers for /metrics by group (`<group>_now` groups are gauges); none by default."""
@@ -128,9 +130,28 @@ def stream_pieces(
     most one piece's work is in memory. The chunks form one stream (`seq` counts on, unit
     ranges are the request's); closing it or setting `cancel` stops the piece in progress
     and starts no other. Text that fits goes to the engine as is."""
+    if request.speed != 1.0 and not getattr(engine, "native_speed", True):
+        normal = stream_pieces(engine, replace(request, speed=1.0), cancel, max_piece_chars)
+        return _stretched(normal, TempoStretch(request.speed, engine.sample_rate))
     if len(request.text) <= max_piece_chars:
         return engine.stream(request, cancel)
     return _piece_by_piece(engine, request, cancel, split_pieces(request.text, max_piece_chars))
+
+
+def _stretched(chunks: Iterator[AudioChunk], tempo: TempoStretch) -> Iterator[AudioChunk]:
+    """An engine's chunks at another speaking rate (`audio_tempo.py`). A chunk the filter has
+    not answered yet lends its unit range to the next audio out; the tail comes at the end."""
+    seq, held, last = 0, None, None
+    for chunk in chunks:
+        last = chunk
+        out = tempo.process(chunk.samples)
+        held = chunk.unit_start if held is None else held
+        if len(out):
+            yield replace(chunk, samples=out, seq=seq, unit_start=held)
+            seq, held = seq + 1, None
+    tail = tempo.flush()
+    if last is not None and len(tail):
+        yield replace(last, samples=tail, seq=seq, unit_start=held if held is not None else last.unit_end)
 
 
 def _piece_by_piece(

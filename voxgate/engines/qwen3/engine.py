@@ -67,6 +67,7 @@ _LANGUAGES = {"en": "english", "zh": "chinese", "ja": "japanese", "ko": "korean"
 class Qwen3Engine(Engine):
     name = "qwen3"
     sample_rate = SAMPLE_RATE
+    native_speed = False  # the model speaks at its own pace: other rates are stretched (engines/base.py)
 
     def __init__(
         self,
@@ -211,7 +212,7 @@ class Qwen3Engine(Engine):
         if design and not request.instructions:
             raise InvalidRequest("a VoiceDesign model needs `instructions` describing the voice")
         if request.speed != 1.0:
-            raise NotSupported("the qwen3 engine speaks at its own pace; speed must be 1.0")
+            raise NotSupported("the qwen3 engine speaks at its own pace; call it through stream_pieces for speed")
         if self._prompt_thread is not None:
             prompt, context = self._prompt_thread.build(request, design)
         else:
