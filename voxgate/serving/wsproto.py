@@ -51,7 +51,7 @@ class SessionStart(_Message):
     )
     pacing: bool = False
     pacing_lead_ms: int = Field(300, ge=0, le=5000)
-    speed: float = Field(1.0, ge=0.25, le=4.0, description="speaking rate (engines that cannot: not_supported)")
+    speed: float = Field(1.0, ge=0.25, le=4.0, description="speaking rate (qwen3: time-stretched, pitch kept)")
     instructions: str | None = Field(None, max_length=2000, description="style instructions (qwen3 VoiceDesign)")
     resume: Resume | None = None
 
