@@ -167,7 +167,7 @@ class Settings(BaseSettings):
     )
     agent_whisper_model: str = Field("tiny.en", description="Voice agent: tiny.en (packaged) or base (multilingual).")
     agent_stt_streaming: bool = Field(
-        True, description="Voice agent: transcribe while the user speaks (whisper only), the tail after the turn."
+        False, description="Voice agent: transcribe while the user speaks (whisper only), the tail after the turn."
     )
     agent_stt_partial_ms: float = Field(
         2000.0, ge=100, le=10000, description="Voice agent: new speech between two partial transcriptions."

@@ -73,7 +73,7 @@ class AgentConfig:
     history_chars: int = 6000  # conversation sent to the LLM (fit to its context)
     trace_file: Path | None = None  # one JSON line per finished turn
     capture_dir: Path | None = None  # each reply's enqueued audio as <trace_id>.wav (regression harness)
-    stt_streaming: bool = True  # transcribe while the user speaks (a transcriber with word times only)
+    stt_streaming: bool = False  # transcribe while the user speaks (word-timed transcribers; bench/stt_streaming.py)
     stt_partial_s: float = 2.0  # new speech between two partial decodes (a pause decodes at once)
 
 

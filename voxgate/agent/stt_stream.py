@@ -123,7 +123,10 @@ class StreamingStt:
         self.max_in_flight = 0  # the most partial decodes of this utterance ever running at once
         self._partial = max(1, round(partial_s * STT_RATE))
         self._min_new = STT_RATE // 4  # a pause decodes at once, if it brings this much new audio
-        self._paused = False
+        # A dip between two words is not a pause: a decode it started would still hold the model
+        # when the turn ends (seen at load 5 on 2 cores). 96 ms still leaves ~130 ms of the hangover.
+        self._min_pause = round(0.096 * STT_RATE)
+        self._paused_at: int | None = None
         self._pause_heard = False  # a partial started during this pause: more would hear only silence
         self._task: asyncio.Task[None] | None = None
         self._offered_to = start  # the end of the audio the latest partial was given
@@ -145,11 +148,15 @@ class StreamingStt:
         running. `pause`: the voice has paused (the VAD's hangover runs, or a turn model holds
         the pause open): one partial as soon as the model is free, then none until the voice
         is back."""
-        if pause and not self._paused:
-            self._pause_heard = False
-        self._paused = pause
+        if pause and self._paused_at is None:
+            self._paused_at, self._pause_heard = now, False
+        elif not pause:
+            self._paused_at = None
         new = now - self._offered_to
-        due = (not pause and new >= self._partial) or (pause and not self._pause_heard and new >= self._min_new)
+        if self._paused_at is None:
+            due = new >= self._partial
+        else:
+            due = not self._pause_heard and new >= self._min_new and now - self._paused_at >= self._min_pause
         if self.busy or not due:
             return False
         self._pause_heard = pause
