@@ -33,12 +33,18 @@ CHROMIUM := /usr/bin/chromium
 $(CHROMIUM):
 	-apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
+# The agent's question set (voxgate/bench/questions.py) records voices with Debian's espeak-ng
+# besides Piper; its tests skip without it (they fail under CI=true).
+ESPEAK := /usr/bin/espeak-ng
+$(ESPEAK):
+	-apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng
+
 install: $(SERVE_STAMP)
 
 serve: $(SERVE_STAMP)
 	$(BIN)/voxgate serve
 
-test: $(TEST_STAMP) $(CHROMIUM)
+test: $(TEST_STAMP) $(CHROMIUM) $(ESPEAK)
 	$(BIN)/ruff check voxgate tests
 	$(BIN)/ruff format --check voxgate tests
 	$(BIN)/python -m pytest -q
