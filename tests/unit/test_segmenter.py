@@ -2,7 +2,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from voxgate.bridge.corpus import check_corpus, make_replies, segment_stream, split_reply
+from voxgate.bridge.corpus import check_corpus, load_replies, make_replies, segment_stream, split_reply
 from voxgate.bridge.segmenter import Segment, Segmenter, SegmenterConfig
 from voxgate.config import DEFAULT_STARTERS
 
@@ -352,3 +352,23 @@ def test_replies_opening_with_a_cached_phrase_segment_identically_however_they_a
     whole = Segmenter(openers=OPENERS)
     assert segments == whole.push(text) + whole.flush()
     assert "".join(s.raw for s in segments) == text and segments[0].text == opener.strip()
+
+
+@pytest.mark.parametrize(
+    "config", [SegmenterConfig(), SegmenterConfig(main_min_width=8, second_max_width=6, cjk_flush_units=3)]
+)
+def test_leaving_unjudged_the_cjk_gaps_no_choice_can_take_changes_no_segment(config):
+    """A main segment's first CJK gaps are not judged (a jieba call each, most of a push's cost):
+    the segments are those of a segmenter that judges every gap, in Chinese, Japanese and mixed
+    text, with and without punctuation, in pieces of 1-4 characters."""
+    texts = [r.text for r in load_replies() if r.language in ("zh", "ja", "mixed")]
+    texts.append("根据国家统计局发布的数据今年前三个季度全国居民人均可支配收入实际增长了百分之五点二" * 20)
+    texts.append(
+        "".join(ch + ("，" if k % 23 == 22 else "") for k, ch in enumerate("我们见面可以详细聊聊这个项目" * 30))
+    )
+    for text in texts:
+        lean, thorough = Segmenter(config, DEFAULT_STARTERS), Segmenter(config, DEFAULT_STARTERS)
+        thorough._blind = 0  # judges every gap
+        deltas = split_reply(text, (1, 4, 2, 3))
+        expected = [s for d in deltas for s in thorough.push(d)] + thorough.flush()
+        assert [s for d in deltas for s in lean.push(d)] + lean.flush() == expected

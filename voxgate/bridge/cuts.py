@@ -104,7 +104,7 @@ _FREE = "…。！？，、；：—"  # CJK-style marks: a boundary even with n
 _CLOSERS = "\"'”’」』）)]》〉】"
 _TRAILING = _CLOSERS + "*_`"
 _MARKS = SENTENCE + CLAUSE + _CLOSERS
-_MARK = re.compile(f"[{re.escape(_MARKS)}]")
+_MARK_SET = frozenset(_MARKS)
 _DASHES = ("-", "--", "–", "—", "...", "…")
 _OPERATORS = "=<>≤≥≈≠±×÷^+/*→"
 _INFIX = "=<>≤≥≈≠±×÷^→"  # no cut before these either ("p =", "n ≥")
@@ -175,6 +175,11 @@ _AFTER_NAMES = ("inc", "ltd", "corp", "co", "llc", "plc", "gmbh", "jr", "sr", "e
 
 def is_ideograph(ch: str) -> bool:
     return IDEOGRAPH.match(ch) is not None
+
+
+def ideographs_only(text: str) -> bool:
+    """Only CJK characters (and kana): each 2 columns and one unit, no need to count them."""
+    return _IDEOGRAPHS.fullmatch(text) is not None
 
 
 def width(text: str) -> int:
@@ -257,11 +262,13 @@ _SPAN_OPENERS = "`*" + "".join(_BRACKETS) + "".join(_QUOTES) + "".join(_QUOTATIO
 # ---------------------------------------------------------------------------- the scan
 
 
-def scan(text: str, at: int, final: bool, cap: int, fenced: bool) -> tuple[list[Cut], int, bool]:
+def scan(text: str, at: int, final: bool, cap: int, fenced: bool, judge_from: int = 0) -> tuple[list[Cut], int, bool]:
     """Boundaries in text[at:], where the scan stopped
     (len(text), or the first place that later text could still change: resume there), and
     whether that place is inside a ``` code block (`fenced`: whether `at` is). A code block
-    is cut only at its line breaks."""
+    is cut only at its line breaks. Gaps between two CJK characters before `judge_from` are
+    not judged (no cut): the caller knows no choice can take them, and judging one costs a
+    jieba call."""
     n, cuts, i = len(text), [], at
     while i < n:
         ch = text[i]
@@ -324,21 +331,29 @@ def scan(text: str, at: int, final: bool, cap: int, fenced: bool) -> tuple[list[
             if i + 1 == n and not final:
                 break  # the gap after this character is not known yet
             if is_ideograph(ch):  # a run of CJK characters: the gaps inside it
-                i, stopped = _cjk_run(text, i, final, cuts)
+                i, stopped = _cjk_run(text, i, final, cuts, judge_from)
                 if stopped:
                     break
             i += 1
     return cuts, i, fenced
 
 
-def _cjk_run(text: str, i: int, final: bool, cuts: list[Cut]) -> tuple[int, bool]:
-    """Judge the gaps of the CJK run starting at `i`: (its last character, or where a gap is
-    undecided, and whether the scan must stop there)."""
+def _cjk_run(text: str, i: int, final: bool, cuts: list[Cut], judge_from: int = 0) -> tuple[int, bool]:
+    """Judge the gaps of the CJK run starting at `i` (from `judge_from`): (its last character,
+    or where a gap is undecided, and whether the scan must stop there). The run's bounds and
+    whether it has kana are found once here, not per gap."""
     end = _IDEOGRAPHS.match(text, i).end()
-    for q in range(i + 1, end):
-        verdict = _cjk_gap(text, q, final)
-        if verdict is None:
-            return q - 1, True
+    first = max(i + 1, judge_from)
+    if first >= end:
+        return end - 1, end == len(text) and not final
+    start = _IDEOGRAPHS_END.search(text, max(first - CJK_LEFT, 0), first).start()
+    kana = _KANA.search(text, start, end) is not None
+    n = len(text)
+    for q in range(first, end):
+        right = min(end, q + CJK_RIGHT)
+        if not final and ((right == n and right < q + CJK_RIGHT) or q + 3 > n):
+            return q - 1, True  # undecided: the characters after the gap have not all arrived
+        verdict = _cjk_gap(text, q, max(start, q - CJK_LEFT), right, kana)
         if verdict is not False:
             cuts.append(Cut(q, verdict))
     return end - 1, end == len(text) and not final
@@ -373,21 +388,18 @@ def _pending_after_space(text: str, i: int, end: int) -> bool:
     )
 
 
-def _cjk_gap(text: str, p: int, final: bool) -> Gap | bool | None:
-    """What the gap before text[p] (two CJK characters meet) is: a `Gap`, False (no cut), or
-    None (undecided: the characters after it have not all arrived)."""
+def _cjk_gap(text: str, p: int, left: int, right: int, kana: bool) -> Gap | bool:
+    """What the gap before text[p] (two CJK characters meet, and the characters after it that
+    decide it have arrived) is: a `Gap` or False (no cut). text[left:right] is the run's
+    window around it (`CJK_LEFT` before, `CJK_RIGHT` after); `kana`: the run has kana."""
     n = len(text)
-    right = _IDEOGRAPHS.match(text, p, p + CJK_RIGHT).end()  # one regex call per side: this runs per character
-    if ((right == n and right < p + CJK_RIGHT) or p + 3 > n) and not final:
-        return None
-    if _MARK.search(text, p + 1, p + 3):
+    if not _MARK_SET.isdisjoint(text[p + 1 : p + 3]):
         return False  # one or two characters left before a punctuation mark
     ends_clause = right < n and (text[right] in _MARKS or unicodedata.category(text[right]) == "So")
     if ends_clause and right - p <= 2:
         return False  # or before an emoji, which ends a clause as a mark does ("笑死" | "我了😂")
-    left = _IDEOGRAPHS_END.search(text, max(p - CJK_LEFT, 0), p).start()
     before, after = text[p - 1], text[p]
-    if _KANA.search(text, left, right):  # Japanese: where a particle meets the next word
+    if kana and _KANA.search(text, left, right):  # Japanese: where a particle meets the next word
         if not _HIRAGANA.match(before) or _HIRAGANA.match(after) or after == "ー" or before in "のとかおご":
             return False  # inside a word or a name: 関ヶ原の戦い, ふるさと納税, お願い
         if before in _JA_PARTICLES:
@@ -395,6 +407,8 @@ def _cjk_gap(text: str, p: int, final: bool) -> Gap | bool | None:
         if p >= 2 and is_ideograph(text[p - 2]) and not _KANA.match(text[p - 2]):
             return False  # one kana between kanji: okurigana inside a compound (問い合わせ, 取り扱い)
         return Gap.LEXICAL
+    if after in _ZH_PARTICLES:
+        return False  # 的, 了, 吗 go with the word before them (whatever jieba says: a word's start or inside one)
     tagged = rjieba.tag(text[left:right])  # jieba's words (its cut's, ~1.5 us a window) with their parts of speech
     offset = 0
     for k, (word, tag) in enumerate(tagged):

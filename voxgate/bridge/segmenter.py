@@ -36,17 +36,24 @@ never cut off on its own: it joins the text after it; only a reply that ends in 
 unspeakable final segment (`Segment.speakable` is False: the pipeline skips it).
 
 Each push costs about the same at any reply length: the scan resumes where it stopped (no rule
-reads where a segment starts, so an emitted cut keeps the boundaries found after it), and text
-more than a few hundred characters behind the pending segment is dropped.
+reads where a segment starts, so an emitted cut keeps the boundaries found after it, and their
+running sizes are moved, not measured again), and text more than a few hundred characters
+behind the pending segment is dropped. What a push costs is mostly jieba: one call (~1.5 us,
+~3 us with the rules around it) per gap between two CJK characters, so the gaps of a main
+segment's first `_blind` characters (narrower than any main choice reads: under `main_min_width`
+columns and `cjk_flush_units` units) are not judged at all: about 60% of the calls on
+unpunctuated Chinese, with the same segments (tests/unit/test_segmenter.py). Measured on the
+2-core VM (BENCHMARKS.md, issue 18): Chinese median per push 18 -> 8 us.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
-from voxgate.bridge.cuts import CLAUSE, SENTENCE, Cut, Gap, scan, skip_space, speakable, width
+from voxgate.bridge.cuts import CLAUSE, SENTENCE, Cut, Gap, ideographs_only, scan, skip_space, speakable, width
 from voxgate.text import count_units, is_cjk_char, split_units
 
 Kind = Literal["starter", "main", "final"]
@@ -112,6 +119,9 @@ class Segmenter:
         stripped = (phrase.strip() for phrase in openers)
         usable = {p for p in stripped if p and speakable(p)}
         self.openers = sorted(usable, key=lambda p: (-len(p), p))  # the longest match first
+        cfg = self.config
+        narrowest = min(cfg.main_min_width, cfg.second_max_width)  # no main choice reads a gap narrower
+        self._blind = min((narrowest + 1) // 2, cfg.cjk_flush_units)  # characters: at most 2 columns each
         self.reset()
 
     def reset(self) -> None:
@@ -123,6 +133,7 @@ class Segmenter:
         self._sizes: list[_Size] = []  # text[start:cut.pos] measured, one per cut (built as cuts come)
         self._judged: tuple[int, int | None, int | None, bool] = (0, None, None, False)  # _choose_main's place
         self._scanned = 0  # where the scan resumes
+        self._seen = -1  # the length of the text at the last scan
         self._fenced = False  # inside a ``` block at `_scanned`
         self._fresh = False  # boundaries kept from the last segment's scan wait for a choice
 
@@ -149,14 +160,21 @@ class Segmenter:
         raw = self._text[self._start : pos]
         kind: Kind = "final" if trigger == "flush" else "main" if self._index else "starter"
         segment = Segment(text=raw.strip(), kind=kind, trigger=trigger, index=self._index, raw=raw)
-        kept = [cut for cut in self._cuts if cut.pos > pos]  # no rule reads where a segment starts: no rescan
+        first = bisect_right(self._cuts, pos, key=_at)  # no rule reads where a segment starts: no rescan
+        kept, sizes = self._cuts[first:], self._sizes[first:]
+        cut_here = first > 0 and self._cuts[first - 1].pos == pos
         self._start, self._index = pos, self._index + 1
         if self._start > self.TRIM_AT:
             drop = self._start - self.KEEP
             self._text, self._start, self._scanned = self._text[drop:], self._start - drop, self._scanned - drop
+            self._seen -= drop
             kept = [Cut(cut.pos - drop, cut.gap) for cut in kept]
-        self._cuts, self._sizes, self._judged = [], [], (0, None, None, False)
-        self._measure(kept)
+        self._judged = (0, None, None, False)
+        if cut_here:  # the sizes of what is kept, from the cut emitted: subtract, no text measured again
+            self._cuts, self._sizes = kept, _rebase(sizes, self._sizes[first - 1])
+        else:  # an opener or the end: measure
+            self._cuts, self._sizes = [], []
+            self._measure(kept)
         self._fresh = bool(kept)  # the next segment's boundaries, still to be chosen from
         return segment
 
@@ -164,9 +182,13 @@ class Segmenter:
         text = self._text
         if self._index == 0 and (opener := self._opener(final)) is not None:
             return opener, "starter"
-        cap = self.config.max_span_chars
-        found, self._scanned, self._fenced = scan(text, self._scanned, final, cap, self._fenced)
-        self._measure(found)
+        found = []
+        if final or len(text) != self._seen:  # after a cut in the same push the scan would stop where it did
+            judge_from = self._start + self._blind if self._index else 0  # gaps no main choice can take: not judged
+            cap = self.config.max_span_chars
+            found, self._scanned, self._fenced = scan(text, self._scanned, final, cap, self._fenced, judge_from)
+            self._seen = len(text)
+            self._measure(found)
         if not (found or self._fresh or final):
             return None  # no new boundary: the choice would be the same as last time
         self._fresh = False
@@ -238,8 +260,12 @@ class Segmenter:
         for cut in found:
             before = self._sizes[-1] if self._sizes else _Size()
             piece = self._text[self._cuts[-1].pos if self._cuts else self._start : cut.pos]
-            self._sizes.append(_Size(before.columns + width(piece), before.units + count_units(piece),
-                                     before.chars + len(piece), before.speaks or speakable(piece)))  # fmt: skip
+            said = speakable(piece)
+            columns, units = (
+                (2 * len(piece), len(piece)) if ideographs_only(piece) else (width(piece), count_units(piece))
+            )
+            self._sizes.append(_Size(before.columns + columns, before.units + units, before.chars + len(piece),
+                                     before.speaks or said, said))  # fmt: skip
             self._cuts.append(cut)
 
     def _choose_main(self, cuts: list[Cut]) -> tuple[int, Trigger] | None:
@@ -275,12 +301,27 @@ class Segmenter:
         return None
 
 
-@dataclass(frozen=True, slots=True)
-class _Size:
+class _Size(NamedTuple):  # a tuple, not a frozen dataclass: one is built per boundary (~0.2 us against ~1 us)
     columns: int = 0  # display width (CJK 2)
     units: int = 0  # CJK characters and Latin words
     chars: int = 0
     speaks: bool = False  # a letter or digit somewhere
+    said: bool = False  # a letter or digit in the piece since the cut before
+
+
+def _rebase(sizes: list[_Size], base: _Size) -> list[_Size]:
+    """Running sizes measured from an earlier start, measured from the cut at `base` instead
+    (an emitted cut's successors: the segmenter's pieces are the same, only the sums move)."""
+    out, speaks = [], False
+    for size in sizes:
+        speaks = speaks or size.said
+        out.append(_Size(size.columns - base.columns, size.units - base.units, size.chars - base.chars, speaks,
+                         size.said))  # fmt: skip
+    return out
+
+
+def _at(cut: Cut) -> int:
+    return cut.pos
 
 
 def _trailing_space(text: str, start: int, end: int) -> int:
