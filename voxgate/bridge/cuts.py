@@ -395,7 +395,8 @@ def _cjk_gap(text: str, p: int, left: int, right: int, kana: bool) -> Gap | bool
     n = len(text)
     if not _MARK_SET.isdisjoint(text[p + 1 : p + 3]):
         return False  # one or two characters left before a punctuation mark
-    ends_clause = right < n and (text[right] in _MARKS or unicodedata.category(text[right]) == "So")
+    near = right - p <= 3  # the clause's end, if it is one, is read only this close
+    ends_clause = near and right < n and (text[right] in _MARKS or unicodedata.category(text[right]) == "So")
     if ends_clause and right - p <= 2:
         return False  # or before an emoji, which ends a clause as a mark does ("笑死" | "我了😂")
     before, after = text[p - 1], text[p]
