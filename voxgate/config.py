@@ -188,6 +188,13 @@ class Settings(BaseSettings):
         le=10000,
         description="Voice agent: a pause the turn model judged incomplete ends the turn after this.",
     )
+    agent_opener_hold_ms: float = Field(
+        1200.0,
+        ge=0,
+        le=10000,
+        description='Voice agent: a turn that is only an opener ("Hi there.", "Okay. So,") waits this long after '
+        "its speech for the question before it is answered.",
+    )
     agent_min_interruption_ms: float = Field(
         300.0, ge=0, le=10000, description="Voice agent: speech over a reply shorter than this never interrupts it."
     )

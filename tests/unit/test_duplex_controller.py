@@ -126,14 +126,14 @@ def test_a_turn_goes_listening_thinking_speaking_listening_with_every_action():
 
 def test_the_next_request_carries_the_history():
     c = _controller()
-    first = _ask(c, "Hi.", 0.0)
+    first = _ask(c, "Good morning.", 0.0)
     _play(c, first, [("Hello!", 0.5)], 1.5)
     c.handle(PlayoutDone(first, 2.0))
     c.handle(SpeechStarted(3.0))
     c.handle(SpeechEnded(4.0))
     reply = _only(c.handle(Transcript("c-2", 0, "Bye.", 4.2)), StartReply)
-    assert reply.messages == (SYSTEM, {"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello!"},
-                              {"role": "user", "content": "Bye."})  # fmt: skip
+    history = ({"role": "user", "content": "Good morning."}, {"role": "assistant", "content": "Hello!"})
+    assert reply.messages == (SYSTEM, *history, {"role": "user", "content": "Bye."})
 
 
 def test_an_empty_transcript_drops_the_turn_with_no_reply():
@@ -170,8 +170,8 @@ def test_a_failed_reply_with_nothing_heard_does_not_carry_its_words():
     assert _trace(c.handle(PlayoutDone(trace, 1.1))).status == "failed"
     c.handle(SpeechStarted(2.0))
     c.handle(SpeechEnded(3.0))
-    reply = _only(c.handle(Transcript("c-2", 0, "Hello?", 3.1)), StartReply)
-    assert reply.messages[-1] == {"role": "user", "content": "Hello?"}  # not "Tell me. Hello?"
+    reply = _only(c.handle(Transcript("c-2", 0, "Are you there?", 3.1)), StartReply)
+    assert reply.messages[-1] == {"role": "user", "content": "Are you there?"}  # not "Tell me. Are you there?"
 
 
 def test_a_reply_with_no_audio_carries_the_user_words_into_the_next_turn():
@@ -182,8 +182,8 @@ def test_a_reply_with_no_audio_carries_the_user_words_into_the_next_turn():
     assert c.conversation.turns == []  # nothing was heard, so nothing enters the history
     c.handle(SpeechStarted(2.0))
     c.handle(SpeechEnded(3.0))
-    reply = _only(c.handle(Transcript("c-2", 0, "Hello?", 3.1)), StartReply)
-    assert reply.messages[-1] == {"role": "user", "content": "Hmm, Paris. Hello?"}
+    reply = _only(c.handle(Transcript("c-2", 0, "Are you there?", 3.1)), StartReply)
+    assert reply.messages[-1] == {"role": "user", "content": "Hmm, Paris. Are you there?"}
 
 
 # ---------------------------------------------------------------------------- barge-in
@@ -346,7 +346,7 @@ def test_a_finished_turn_notifies_its_trace_in_ms_from_the_end_of_speech_before_
     c = _controller(detail_events=True)
     c.handle(SpeechStarted(1.0))
     c.handle(SpeechEnded(2.0))
-    c.handle(Transcript("c-1", 0, "Hi.", 2.25))
+    c.handle(Transcript("c-1", 0, "Good morning.", 2.25))
     c.handle(LlmDelta("c-1", "Hello", 2.5))
     c.handle(SegmentStarted("c-1", 0, "Hello.", 2.6))
     c.handle(TtsFirstAudio("c-1", 2.75))
@@ -454,7 +454,7 @@ def test_a_delta_after_llm_done_a_repeated_segment_and_audio_of_an_unknown_segme
 
 def test_a_reply_with_no_event_for_stall_s_is_cancelled_on_a_tick():
     c = _controller(stall_s=5.0)
-    trace = _ask(c, "Hi.", 0.0)  # the reply started at 1.2
+    trace = _ask(c, "Good morning.", 0.0)  # the reply started at 1.2
     assert c.handle(Tick(6.1)) == []
     actions = c.handle(Tick(6.3))
     assert actions[:2] == [FlushAudio(trace), CancelReply(trace, "stalled")] and _trace(actions).status == "stalled"
@@ -477,7 +477,7 @@ def test_call_ended_in_any_state_ends_every_turn_and_ignores_what_follows(where)
     if where == "awaiting stt":
         c.handle(SpeechEnded(1.0))
     if where == "thinking":
-        live = _ask(c, "Hi.", 0.0)
+        live = _ask(c, "Good morning.", 0.0)
     if where in ("speaking", "interrupting"):
         c, live = _speaking()
     if where == "interrupting":
@@ -595,3 +595,41 @@ def test_random_event_orders_keep_the_invariants(steps):
     check(c.handle(CallEnded(at + 1)))
     assert not live and c.turn is None and c.pending is None
     assert set(seen) == done  # every turn ended with a trace: none stuck
+
+
+# ---------------------------------------------------------------------------- openers
+
+
+def test_an_opener_alone_waits_for_the_question_that_follows_and_one_reply_answers_both():
+    """ "Hi there." + a pause + the question: the pause is not the end of the turn (the VAD and
+    the turn model hear "Hi there." as finished; its words say a question may follow)."""
+    c = _controller(opener_hold_s=1.2)
+    c.handle(SpeechStarted(0.0))
+    first = _only(c.handle(SpeechEnded(0.8)), StartStt)
+    assert not [
+        a for a in c.handle(Transcript(first.trace_id, first.part, "Hi there.", 1.1)) if isinstance(a, StartReply)
+    ]
+    assert not [a for a in c.handle(Tick(1.5)) if isinstance(a, StartReply)]  # still within the hold
+    c.handle(SpeechStarted(1.6))  # the question comes
+    second = _only(c.handle(SpeechEnded(3.5)), StartStt)
+    assert second.trace_id == first.trace_id  # the same turn
+    reply = _only(c.handle(Transcript(second.trace_id, second.part, "What is the tallest mountain?", 3.9)), StartReply)
+    assert reply.messages[-1] == {"role": "user", "content": "Hi there. What is the tallest mountain?"}
+
+
+def test_an_opener_alone_is_answered_once_its_hold_is_over():
+    c = _controller(opener_hold_s=1.2)
+    c.handle(SpeechStarted(0.0))
+    stt = _only(c.handle(SpeechEnded(0.8)), StartStt)
+    c.handle(Transcript(stt.trace_id, stt.part, "Hello!", 1.1))
+    assert not [a for a in c.handle(Tick(1.9)) if isinstance(a, StartReply)]
+    reply = _only(c.handle(Tick(2.0)), StartReply)  # 1.2 s after the speech ended
+    assert reply.messages[-1] == {"role": "user", "content": "Hello!"}
+
+
+@pytest.mark.parametrize("text", ["Yes.", "No.", "Hi, what time is it?", "Okay, book it."])
+def test_a_turn_with_more_than_an_opener_is_answered_at_once(text):
+    c = _controller(opener_hold_s=1.2)
+    c.handle(SpeechStarted(0.0))
+    stt = _only(c.handle(SpeechEnded(0.8)), StartStt)
+    _only(c.handle(Transcript(stt.trace_id, stt.part, text, 1.0)), StartReply)

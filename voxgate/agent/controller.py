@@ -63,6 +63,10 @@ MARKS = ("vad_start", "vad_end", "stt_done", "llm_first_token", "first_segment",
          "first_frame_published", "playout_done", "cancel")  # fmt: skip
 BACKCHANNELS = frozenset({"uh-huh", "mm-hmm", "uh", "huh", "um", "hm", "hmm", "mm", "mhm", "ah", "oh",
                           "yeah", "yes", "yep", "ok", "okay", "right", "sure", "嗯", "嗯嗯", "对", "好"})  # fmt: skip
+# Words that open a question but are not one: a turn of these alone ("Hi there.", "Okay. So,",
+# "Hmm, well,") waits `opener_hold_s` for the question (a pause after them is not its end).
+OPENERS = frozenset({"hi", "hello", "hey", "there", "okay", "ok", "so", "well", "hmm", "hm", "um", "uh", "erm",
+                     "oh", "ah", "right", "alright", "now", "and", "but", "also", "then"})  # fmt: skip
 _WORD = re.compile(r"[\w'-]+")
 
 
@@ -84,6 +88,10 @@ class ControllerConfig:
     heard_min_s: float = 0.2  # a cut segment counts as heard once this much of it was played
     stall_s: float = 20.0  # a turn with no event for this long is ended (on a Tick)
     backchannels: frozenset[str] = BACKCHANNELS
+    openers: frozenset[str] = OPENERS
+    # A turn that is only an opener waits this long after its speech ended for more (on a Tick):
+    # the VAD and the turn model hear "Hi there." as finished; its words say the question follows.
+    opener_hold_s: float = 1.2
     # Also notify `reply.segment` and `turn.trace` (what a live page shows); off, the events are
     # only the turn protocol, which bots and scripted tests follow message by message.
     detail_events: bool = False
@@ -389,6 +397,8 @@ class DuplexController:
             self._drop(turn, "backchannel" if _WORD.search(turn.text()) else "empty" if turn.parts else "short")
         elif not _WORD.search(turn.text()):  # nothing but silence or punctuation ("...")
             self._drop(turn, "empty")
+        elif not has_words(turn.text(), self.config.openers) and at - turn.marks["vad_end"] < self.config.opener_hold_s:
+            return  # an opener alone: the question may follow (a Tick comes back here)
         else:  # a confirmed turn is always self.turn (confirming promotes it)
             turn.user, self._carry = " ".join(filter(None, (self._carry, turn.text()))), ""
             turn.replying = True
@@ -456,6 +466,9 @@ class DuplexController:
         pending, confirm_s = self.pending, self.config.confirm_after_s
         if pending is not None and pending.speaking_since is not None and at - pending.speaking_since >= confirm_s:
             self._confirm(pending, at)
+        turn = self.turn
+        if turn is not None and not turn.replying and not turn.over_reply and turn.parts:
+            self._advance(turn, at)  # an opener's hold may be over
         for turn in (self.pending, self.turn):
             if turn is not None and turn.speaking_since is None and at - turn.touched >= self.config.stall_s:
                 self._end_reply(turn, "stalled", at, cut=True) if turn.replying else self._drop(turn, "stalled")

@@ -138,7 +138,7 @@ class CallDriver:
             elif isinstance(event, vad_events.SpeechEnded):
                 self._last_speech = (event.start_sample, event.end_sample)
                 self._last_stream, self._stream = self._stream, None
-                self._handle(fsm.SpeechEnded(at=now))
+                self._handle(fsm.SpeechEnded(at=now, end_of_turn=event.end_of_turn))
         if self._stream is not None:  # from the start of speech to the end of the turn
             voiced = self.vad.in_speech and self.vad.last_probability >= self.vad.segmenter.config.release
             self._stream.offer(self._mic_start + len(self._mic), pause=not voiced)
