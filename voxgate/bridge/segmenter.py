@@ -43,7 +43,7 @@ behind the pending segment is dropped. What a push costs is mostly jieba: one ca
 segment's first `_blind` characters (narrower than any main choice reads: under `main_min_width`
 columns and `cjk_flush_units` units) are not judged at all: about 60% of the calls on
 unpunctuated Chinese, with the same segments (tests/unit/test_segmenter.py). Measured on the
-2-core VM (BENCHMARKS.md, issue 18): Chinese median per push 18 -> 8 us.
+2-core VM (BENCHMARKS.md, issue 18): Chinese median per push 18 -> 6-8 us.
 """
 
 from __future__ import annotations
