@@ -617,6 +617,14 @@ def test_an_opener_alone_waits_for_the_question_that_follows_and_one_reply_answe
     assert reply.messages[-1] == {"role": "user", "content": "Hi there. What is the tallest mountain?"}
 
 
+@pytest.mark.parametrize("text", ["Okay. So,", "Hmm, well...", "Yeah.", "Um, let me think.", "Hi! You know,"])
+def test_openers_and_fillers_are_held(text):
+    c = _controller(opener_hold_s=1.2)
+    c.handle(SpeechStarted(0.0))
+    stt = _only(c.handle(SpeechEnded(0.8)), StartStt)
+    assert not [a for a in c.handle(Transcript(stt.trace_id, stt.part, text, 1.0)) if isinstance(a, StartReply)]
+
+
 def test_an_opener_alone_is_answered_once_its_hold_is_over():
     c = _controller(opener_hold_s=1.2)
     c.handle(SpeechStarted(0.0))

@@ -66,7 +66,9 @@ BACKCHANNELS = frozenset({"uh-huh", "mm-hmm", "uh", "huh", "um", "hm", "hmm", "m
 # Words that open a question but are not one: a turn of these alone ("Hi there.", "Okay. So,",
 # "Hmm, well,") waits `opener_hold_s` for the question (a pause after them is not its end).
 OPENERS = frozenset({"hi", "hello", "hey", "there", "okay", "ok", "so", "well", "hmm", "hm", "um", "uh", "erm",
-                     "oh", "ah", "right", "alright", "now", "and", "but", "also", "then"})  # fmt: skip
+                     "oh", "ah", "yeah", "right", "alright", "now", "and", "but", "also", "then"})  # fmt: skip
+# Fillers that stall for time ("Um, let me think."): an opener too, whatever their words.
+FILLERS = re.compile(r"\b(?:let me (?:think|see)|let's see|you know|i mean)\b")
 _WORD = re.compile(r"[\w'-]+")
 
 
@@ -397,13 +399,16 @@ class DuplexController:
             self._drop(turn, "backchannel" if _WORD.search(turn.text()) else "empty" if turn.parts else "short")
         elif not _WORD.search(turn.text()):  # nothing but silence or punctuation ("...")
             self._drop(turn, "empty")
-        elif not has_words(turn.text(), self.config.openers) and at - turn.marks["vad_end"] < self.config.opener_hold_s:
+        elif self._opener_only(turn.text()) and at - turn.marks["vad_end"] < self.config.opener_hold_s:
             return  # an opener alone: the question may follow (a Tick comes back here)
         else:  # a confirmed turn is always self.turn (confirming promotes it)
             turn.user, self._carry = " ".join(filter(None, (self._carry, turn.text()))), ""
             turn.replying = True
             self._out.append(StartReply(turn.trace_id, tuple(self.conversation.messages(turn.user))))
             self._notify("reply.start", turn)
+
+    def _opener_only(self, text: str) -> bool:
+        return not has_words(FILLERS.sub(" ", text.lower()), self.config.openers)
 
     def _confirm(self, turn: Turn, at: float) -> None:
         turn.over_reply = False
