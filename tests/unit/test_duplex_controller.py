@@ -16,6 +16,7 @@ from voxgate.agent.controller import (
     ControllerError,
     DuplexController,
     FlushAudio,
+    HoldAudio,
     LlmDelta,
     LlmDone,
     LlmFailed,
@@ -641,3 +642,33 @@ def test_a_turn_with_more_than_an_opener_is_answered_at_once(text):
     c.handle(SpeechStarted(0.0))
     stt = _only(c.handle(SpeechEnded(0.8)), StartStt)
     _only(c.handle(Transcript(stt.trace_id, stt.part, text, 1.0)), StartReply)
+
+
+# ---------------------------------------------------------------------------- speech over an unheard reply
+
+
+def test_speech_over_a_reply_nobody_heard_holds_it_then_one_reply_answers_the_whole_question():
+    c = _controller()
+    first = _ask(c, "I'm learning Spanish.", 0.0)  # the reply starts at 1.2; none of it published
+    assert _only(c.handle(SpeechStarted(1.5)), HoldAudio) == HoldAudio(first, True)
+    actions = c.handle(SpeechEnded(2.6))  # 1.1 s of speech: an interruption
+    kinds = _kinds(actions)
+    assert kinds.index("FlushAudio") < kinds.index("HoldAudio") < kinds.index("TraceDone")
+    assert HoldAudio(first, False) in actions
+    stt = _only(actions, StartStt)
+    reply = _only(c.handle(Transcript(stt.trace_id, stt.part, "How do I practise?", 3.0)), StartReply)
+    assert reply.messages[-1] == {"role": "user", "content": "I'm learning Spanish. How do I practise?"}
+
+
+def test_a_short_sound_over_an_unheard_reply_releases_it():
+    c = _controller()
+    first = _ask(c, "What time is it?", 0.0)
+    c.handle(SpeechStarted(1.5))
+    actions = c.handle(SpeechEnded(1.6))  # 0.1 s: too short to interrupt
+    assert HoldAudio(first, False) in actions and not [a for a in actions if isinstance(a, CancelReply)]
+    assert c.turn is not None and c.turn.trace_id == first and c.turn.replying
+
+
+def test_speech_over_a_reply_already_heard_does_not_hold_it():
+    c, _ = _speaking()
+    assert not [a for a in c.handle(SpeechStarted(5.0)) if isinstance(a, HoldAudio)]

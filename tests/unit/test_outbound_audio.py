@@ -199,3 +199,16 @@ def test_a_failing_callback_does_not_stop_the_track() -> None:
     track.end("a")
     frames, _ = asyncio.run(_recv_frames(track, 2))
     assert len(frames) == 2
+
+
+def test_a_held_track_sends_silence_and_keeps_its_queue_for_after() -> None:
+    published: list[tuple] = []
+    track = OutboundAudio(on_published=lambda *a: published.append(a))
+    track.enqueue(tone(0.04, RATE), RATE, "reply")
+    track.hold(True)
+    held, _ = asyncio.run(_recv_frames(track, 3))
+    assert not any(f.to_ndarray().any() for f in held) and published == []  # silence, nothing of the reply
+    track.hold(False)
+    after, _ = asyncio.run(_recv_frames(track, 2))
+    assert all(f.to_ndarray().any() for f in after)  # the whole reply, from its start
+    assert [(tag, round(s, 4)) for tag, s, _ in published] == [("reply", 0.02), ("reply", 0.02)]

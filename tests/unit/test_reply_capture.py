@@ -45,6 +45,8 @@ class _Outbound:
     def flush(self, tag: Any = None) -> int:
         return 0
 
+    def hold(self, on: bool) -> None: ...
+
 
 class _StallingPipeline:
     """Yields two chunks, then waits forever (a reply still speaking when it is cut)."""

@@ -240,6 +240,15 @@ class FlushAudio:
 
 
 @dataclass(frozen=True, slots=True)
+class HoldAudio:
+    """Publish none of the reply's audio while `hold` (it stays queued), or go on: the user
+    spoke before any of it was heard, and it is not yet decided whether to interrupt it."""
+
+    trace_id: str
+    hold: bool
+
+
+@dataclass(frozen=True, slots=True)
 class CancelReply:
     trace_id: str  # stop the reply's LLM stream and every TTS stream
     reason: str
@@ -262,7 +271,7 @@ class TraceDone:
     trace: TurnTrace
 
 
-Action = StartStt | StartReply | FlushAudio | CancelReply | Notify | Mark | TraceDone
+Action = StartStt | StartReply | FlushAudio | HoldAudio | CancelReply | Notify | Mark | TraceDone
 
 
 # ---------------------------------------------------------------------------- the controller
@@ -278,6 +287,7 @@ class Turn:
     user: str = ""  # the user text the reply answers (carried words included)
     replying: bool = False
     published: bool = False
+    held: bool = False  # speech came over it before any of its audio was published: none is, until decided
     llm_done: bool = False
     error: str | None = None
     segments: dict[int, str] = field(default_factory=dict)
@@ -308,6 +318,7 @@ class DuplexController:
         self.ignored: Counter[str] = Counter()
         self.ended = False
         self._carry = ""  # user words of a reply nobody heard
+        self._holding: str | None = None  # the reply whose audio is held (HoldAudio)
         self._count = 0
         self._out: list[Action] = []
 
@@ -345,7 +356,23 @@ class DuplexController:
                     self._reply_event(turn, event)
             case _:
                 raise ControllerError(f"not a controller event: {event!r}")
+        self._hold_or_release()
         return self._out
+
+    def _hold_or_release(self) -> None:
+        """A reply nobody has heard yet is not heard while speech over it is undecided: the user
+        going on after a pause ("I'm learning Spanish. [pause] How do I practise?") interrupts a
+        reply that was never audible, whose words then join the question (see `_end_reply`)."""
+        turn = self.turn
+        want = turn.trace_id if turn is not None and turn.replying and turn.held and self.pending else None
+        if want != self._holding:
+            if self._holding is not None:
+                self._out.append(HoldAudio(self._holding, False))
+            if want is not None:
+                self._out.append(HoldAudio(want, True))
+            self._holding = want
+        if turn is not None and self.pending is None:
+            turn.held = False
 
     # ------------------------------------------------------------------ the user
 
@@ -359,6 +386,8 @@ class DuplexController:
             turn = Turn(f"{self.call_id}-{self._count}", over_reply=live, touched=at)
             if live:
                 self.pending = turn
+                assert self.turn is not None
+                self.turn.held = not self.turn.published
             else:
                 self.turn = turn
             self._notify("turn.start", turn)
@@ -493,6 +522,9 @@ class DuplexController:
         self._finish(turn, reason, "")
 
     def _finish(self, turn: Turn, status: str, heard: str) -> None:
+        if self._holding == turn.trace_id:  # its audio was flushed or played: the track goes on
+            self._out.append(HoldAudio(turn.trace_id, False))
+            self._holding = None
         if turn is self.turn:
             self.turn = None
         elif turn is self.pending:

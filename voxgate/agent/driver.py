@@ -58,6 +58,9 @@ class Outbound(Protocol):
 
     def flush(self, tag: Hashable | None = None) -> int: ...
 
+    def hold(self, on: bool) -> None:
+        """While on, publish silence and keep what is queued."""
+
 
 class EventSink(Protocol):
     def send_event(self, message: dict[str, Any]) -> None: ...
@@ -184,6 +187,8 @@ class CallDriver:
                 self.outbound.flush()  # no frame queued before it is published after it
                 now = time.perf_counter()  # so the reply is silent once the frame on the wire has played
                 self._silent_at[action.trace_id] = max(now, self._playing_until.get(action.trace_id, now))
+            case fsm.HoldAudio():
+                self.outbound.hold(action.hold)
             case fsm.CancelReply():
                 pipeline, _task = self.replies.pop(action.trace_id, (None, None))
                 if pipeline is not None:

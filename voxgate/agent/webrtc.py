@@ -76,6 +76,7 @@ class OutboundAudio(MediaStreamTrack):
         self.published = 0  # frames handed to aiortc, silence included
         self.late_restarts = 0  # times the clock was restarted after a stall
         self._start: float | None = None
+        self.held = False  # `hold`: silence goes out, the queue waits
 
     @property
     def queued_s(self) -> float:
@@ -96,6 +97,11 @@ class OutboundAudio(MediaStreamTrack):
         `on_drained` for them); returns the frames dropped. The next frame is silence."""
         return self.frames.flush(tag)
 
+    def hold(self, on: bool) -> None:
+        """While on, each frame's slot gets silence and the queued audio waits (the controller's
+        `HoldAudio`: speech came over a reply before anyone heard it)."""
+        self.held = on
+
     async def recv(self) -> AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
@@ -111,7 +117,7 @@ class OutboundAudio(MediaStreamTrack):
             elif now - due > MAX_LATE_S:
                 self._start = now - self.published * FRAME_S
                 self.late_restarts += 1
-        tick = self.frames.pop()
+        tick = self.frames.pop() if not self.held else Tick(None)
         pcm = tick.frame.pcm if tick.frame is not None else _SILENCE
         # Stereo with both channels equal: aiortc's Opus encoder takes stereo, and its mono
         # upmix would cost 3 dB (libswresample's centre mix level).
