@@ -163,6 +163,11 @@ def test_names_and_legal_citations_stay_whole(text, piece):
     _kept(text, piece)
 
 
+def test_a_colon_after_a_latin_word_in_latin_text_is_still_a_clause_cut():
+    segments = _segments("Here is the key point: the cache must be warm before the first request arrives, always.")
+    assert any(seg.endswith("point:") for seg in segments), segments
+
+
 def test_a_sentence_ending_in_a_capitalised_abbreviation_like_word_is_still_cut():
     assert _segments("Rates were set by the Fed. Markets rose after that, slowly at first.")[1:2] == ["by the Fed."]
 
@@ -188,7 +193,8 @@ def test_a_cjk_cut_leaves_no_short_tail_before_an_emoji_nor_a_modifier_without_i
 
 # New sentences (not in the written corpus) of the three classes its last splits belonged to:
 # a noun phrase under its modifiers (zh-028: 日本单次 | 旅游签证), a verb and its complement
-# (zh-036: 笑 | 死我了), a case particle and its predicate (ja-028: 距離を | 取る).
+# (zh-036: 笑 | 死我了), a case particle and its predicate (ja-028: 距離を | 取る); and of the
+# class of an unseen reply's split: a Latin menu command with a colon inside Chinese text.
 _PHRASES = {
     "noun phrase": [
         "申请⟦美国多次往返商务签证⟧需要准备哪些材料？我可以帮你列一个清单。",
@@ -209,6 +215,11 @@ _PHRASES = {
         "他一口气⟦跑上去⟧了我们都追不上他",
         "老师讲了三遍我终于⟦听明白⟧了原来这么简单",
         "小猫一下子⟦跳起来⟧把桌上的杯子打翻了",
+    ],
+    "latin label with a colon": [
+        "打开设置以后点击⟦Editor: Font Size⟧把字号调大一点就行了，",
+        "在命令面板里输入⟦Git: Clone⟧然后粘贴仓库地址按回车就可以开始下载了",
+        "如果还是不行可以试试⟦Developer: Reload Window⟧重新加载窗口再看看效果怎么样",
     ],
     "particle and predicate": [
         "新しいプロジェクトでは毎週⟦進捗を報告する⟧必要があります。",

@@ -467,6 +467,20 @@ _ZH_MODALS = frozenset("可以 需要 应该 能够 必须 愿意 可能 想要 
 _ZH_COMPLEMENTS = frozenset("出来 起来 过来 下去 上来 进去 回来 出去 下来 上去 回去 过去 清楚 明白 干净".split())  # noqa: SIM905
 
 
+_LATIN_TAIL = re.compile(r"[A-Za-z0-9]+$")
+
+
+def _latin_label(text: str, word_start: int, core: str, after: str) -> bool:
+    """A half-width colon inside a Latin run set in CJK text ("按Ctrl+Shift+P输入Python: Select
+    Interpreter", "点击File: Open"): a name the reader says whole, not a clause of the sentence. In
+    Latin text the word before has a space before it ("Note: this"), and stays a cut."""
+    if core[-1] != ":" or not (after.isascii() and after.isalpha()):
+        return False
+    run = _LATIN_TAIL.search(core, 0, len(core) - 1)  # the Latin name the colon ends
+    start = word_start + run.start() if run else 0
+    return start > 0 and is_ideograph(text[start - 1])
+
+
 # ---------------------------------------------------------------------------- one gap
 
 
@@ -490,6 +504,8 @@ def classify(text: str, i: int, end: int) -> Gap | None:
         if not speakable(core):
             return Gap.CLAUSE if core in _DASHES else None  # "like ! or #"
         if core[-1] in CLAUSE:
+            if _latin_label(text, word_start, core, after):
+                return None  # 输入Python: Select Interpreter (a menu command inside CJK text)
             return None if _date_comma(text, word_start, core, after) else Gap.CLAUSE
         if core[-1] != "." or core.endswith(".."):
             return Gap.SENTENCE
