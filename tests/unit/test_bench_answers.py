@@ -45,6 +45,16 @@ def test_one_end_after_the_last_word_is_a_clean_answer() -> None:
     assert (o.premature, o.answered_once, o.stuck) == (False, True, False)
 
 
+def test_a_reply_cancelled_before_any_of_its_audio_went_out_was_not_heard() -> None:
+    """Started at the inner pause, held while the user went on, cancelled unheard: the user
+    heard one answer, to the whole question (the early start still counts as premature)."""
+    o = outcome(_asked((-1.5, "turn.end"), (-0.4, "reply.start"), (0.0, "reply.end"), (1.5, "reply.start")),
+                unheard=frozenset({"r1"}))  # fmt: skip
+    assert (o.replies, o.unheard, o.answered_once, o.premature) == (1, 1, True, True)
+    heard = outcome(_asked((-1.5, "turn.end"), (-0.4, "reply.start"), (0.0, "reply.end"), (1.5, "reply.start")))
+    assert (heard.replies, heard.unheard, heard.answered_once) == (2, 0, False)
+
+
 def test_a_reply_that_alone_started_before_the_last_word_is_not_answered_once() -> None:
     o = outcome(_asked((-0.5, "turn.end"), (-0.1, "reply.start")))
     assert (o.premature, o.answered_once, o.stuck, o.replies) == (True, False, False, 1)
@@ -71,7 +81,7 @@ def test_summary_rates_per_group_and_breakdown_from_the_final_reply_trace() -> N
     ]  # fmt: skip
     s = summarise(asked, traces, same_host=True)
     assert s["multi"] == {"questions": 3, "answered_once_rate": 0.333, "premature_eot_rate": 0.667, "stuck": 1,
-                          "replies": {"0": 1, "1": 1, "2": 1}}  # fmt: skip
+                          "replies": {"0": 1, "1": 1, "2": 1}, "unheard_replies": 0}  # fmt: skip
     assert s["single"]["answered_once_rate"] == 1.0 and s["single"]["premature_eot_rate"] == 0.0
     # "a" and "d" answer with trace r1, "b" with r2 (its second reply): three final replies
     assert s["eot_to_first_frame_published_ms"]["n"] == 3

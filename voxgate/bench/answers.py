@@ -8,7 +8,10 @@ server's `perf_counter`, comparable with the bot's only on the same host (CLOCK_
 - premature end of turn: the agent announced an end of turn (`turn.end`, its VAD end mark)
   or started a reply before the question's last word was sent. Nothing the server sees before
   that moment can be the question's real end, so this needs no clock alignment.
-- answered once: exactly one reply in the call, and it started after the last word (not stuck).
+- answered once: exactly one reply the user heard (some of its audio published) in the call,
+  and it started after the last word (not stuck). A reply the agent started at an inner pause
+  and cancelled before any of its audio went out (speech over it held it: the controller's
+  `HoldAudio`) was never heard; it counts in `unheard`, not as an answer.
 - stuck: no reply started within `stuck_s` of the last word.
 """
 
@@ -45,7 +48,8 @@ class Outcome:
     kind: str
     voice: str
     multi: bool
-    replies: int
+    replies: int  # replies heard
+    unheard: int  # replies started and cancelled before any of their audio was published
     premature: bool
     answered_once: bool
     stuck: bool
@@ -58,10 +62,12 @@ def _times(asked: Asked, kind: str) -> list[float]:
     return [t for t, e in asked.events if e.get("type") == kind]
 
 
-def outcome(asked: Asked, stuck_s: float = STUCK_S) -> Outcome:
+def outcome(asked: Asked, stuck_s: float = STUCK_S, unheard: frozenset[str] = frozenset()) -> Outcome:
+    """`unheard`: trace ids of replies none of whose audio was published (from the traces)."""
     said = asked.said_at
-    starts = [(t, e) for t, e in asked.events if e.get("type") == "reply.start"]
-    stuck = not any(t <= said + stuck_s for t, _ in starts)
+    started = [(t, e) for t, e in asked.events if e.get("type") == "reply.start"]
+    starts = [(t, e) for t, e in started if e.get("trace_id") not in unheard]
+    stuck = not any(t <= said + stuck_s for t, _ in started)
     audio = asked.first_audio_at
     return Outcome(
         id=asked.id,
@@ -69,7 +75,8 @@ def outcome(asked: Asked, stuck_s: float = STUCK_S) -> Outcome:
         voice=asked.voice,
         multi=asked.sentences > 1,
         replies=len(starts),
-        premature=any(t < said for t in _times(asked, "turn.end") + [t for t, _ in starts]),
+        unheard=len(started) - len(starts),
+        premature=any(t < said for t in _times(asked, "turn.end") + [t for t, _ in started]),
         answered_once=len(starts) == 1 and starts[0][0] >= said and not stuck,
         stuck=stuck,
         dropped=len(_times(asked, "turn.dropped")),
@@ -89,6 +96,7 @@ def _group(outcomes: list[Outcome]) -> dict[str, Any]:
         "premature_eot_rate": _rate([o.premature for o in outcomes]),
         "stuck": sum(o.stuck for o in outcomes),
         "replies": {str(n): sum(o.replies == n for o in outcomes) for n in sorted({o.replies for o in outcomes})},
+        "unheard_replies": sum(o.unheard for o in outcomes),
     }
 
 
@@ -122,7 +130,8 @@ def summarise(
 ) -> dict[str, Any]:
     """The set's report: rates for the multi-sentence and the single-sentence questions, the
     latency breakdown of the replies that answered, per-question outcomes."""
-    outcomes = [outcome(a, stuck_s) for a in asked]
+    unheard = frozenset(t["trace_id"] for t in traces if "first_frame_published" not in t["marks"])
+    outcomes = [outcome(a, stuck_s, unheard) for a in asked]
     by_id = {t["trace_id"]: t for t in traces}
     final = [by_id[o.trace_id] for o in outcomes if o.trace_id in by_id]
     said = {o.trace_id: a.said_at for o, a in zip(outcomes, asked, strict=True) if o.trace_id} if same_host else None
@@ -143,13 +152,13 @@ def summarise(
 
 def table(s: dict[str, Any]) -> str:
     lines = [
-        "| questions | n | answered once | premature EoT | stuck | replies per question |",
-        "|---|---|---|---|---|---|",
+        "| questions | n | answered once | premature EoT | stuck | replies heard per question | started, never heard |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in ("multi", "single"):
         g = s[name]
         lines.append(f"| {name}-sentence | {g['questions']} | {g['answered_once_rate']} | {g['premature_eot_rate']} "
-                     f"| {g['stuck']} | {g['replies']} |")  # fmt: skip
+                     f"| {g['stuck']} | {g['replies']} | {g['unheard_replies']} |")  # fmt: skip
     lines += ["", "| final reply: from | n | p50 ms | p95 ms |", "|---|---|---|---|"]
     rows = [(f"end of turn (VAD) to {stage}", s[f"eot_to_{stage}_ms"]) for stage in STAGES]
     if "last_word_to_vad_end_ms" in s:
