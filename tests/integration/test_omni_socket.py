@@ -120,9 +120,20 @@ def test_the_example_clients_defaults_get_one_wav_per_sentence_and_the_socket_se
             rate, channels, width, frames = _wav(s.audio)
             assert (rate, channels, width) == (24000, 1, 2) and frames > 0
             assert len(s.audio) == 44 + 2 * frames  # exact sizes in the header
-    said = " ".join(s.start["sentence_text"] for s in first.sentences)
+    assert [s.start["sentence_text"] for s in first.sentences] == [TEXT]  # 0.30.0's default: one per input.done
+
+
+@pytest.mark.parametrize("granularity", ["sentence", "clause"])
+def test_split_granularity_speaks_sentence_by_sentence_as_the_text_comes(server, granularity):
+    async def run() -> Utterance:
+        async with websockets.connect(_url(server)) as ws:
+            await ws.send(json.dumps({"type": "session.config", **CLIENT_DEFAULTS, "split_granularity": granularity}))
+            return await _utterance(ws, TEXT)
+
+    utterance = asyncio.run(run())
+    said = " ".join(s.start["sentence_text"] for s in utterance.sentences)
     assert said.split() == TEXT.split()  # each sentence's text, in order, nothing lost or repeated
-    assert len(first.sentences) >= 3  # spoken sentence by sentence, not once at the end
+    assert len(utterance.sentences) >= 3 and utterance.done["total_sentences"] == len(utterance.sentences)
 
 
 def test_stream_audio_sends_pcm_as_it_is_made_and_says_its_rate(server):

@@ -413,3 +413,17 @@ def test_a_format_the_socket_cannot_stream_is_refused_by_name(gateway):
 
     refused = asyncio.run(run())
     assert refused["type"] == "error" and refused["code"] == "unsupported_format" and "mp3" in refused["message"]
+
+
+def test_segments_utterance_speaks_each_utterance_whole_at_its_end(gateway):
+    async def run() -> Client:
+        async with websockets.connect(_ws(gateway)) as ws:
+            c = Client(ws)
+            await c.start(segments="utterance", max_pending_units=2)
+            await c.words("One sentence here. Another one, with a clause. And a third")
+            await c.send(type="text.end")
+            await c.until("utterance.done")
+            return c
+
+    c = asyncio.run(run())
+    assert [(m["unit_start"], m["unit_end"]) for m in c.of("units.done")] == [(0, 10)]  # one segment, all 11 units

@@ -10,8 +10,9 @@ as they are made with `stream_audio`), and `audio.done` (`total_bytes`, `error`)
 `{"type": "error", "message"}` (ours add `code` and `fatal`). Its PCM is 24 kHz, the Qwen3-TTS
 rate, whatever the engine here: a client that reads raw PCM cannot be told otherwise.
 
-Here a sentence is one of the gateway's segments (its segmenter, without the starter segment
-unless `split_granularity` is `clause`), so everything else (admission, deadlines, cancel on
+Here a sentence is one of the gateway's segments: with `split_granularity` `none` (its
+default) the whole text of an `input.done`, else the gateway's segmenter's (a starter clause
+first with `clause`), so everything else (admission, deadlines, cancel on
 disconnect, backpressure) is the gateway's. This module is the translation only, without I/O:
 `OmniConfig` -> our `SessionStart`, and `OmniFraming` turns each message of a session's log
 into the frames vLLM-Omni's server would send.
@@ -49,7 +50,7 @@ class OmniConfig(BaseModel):
     sample_rate: int | None = Field(None, ge=8000, le=48000)
     speed: float = Field(1.0, ge=0.25, le=4.0)
     stream_audio: bool = False
-    split_granularity: Literal["none", "sentence", "clause"] = "sentence"
+    split_granularity: Literal["none", "sentence", "clause"] = "none"  # 0.30.0's default: one request per input.done
     ref_audio: str | None = Field(None, max_length=64)  # refused when present (see `check`); its size is not ours
     word_timestamps: bool = False
 
@@ -90,6 +91,7 @@ class OmniConfig(BaseModel):
             speed=self.speed,
             instructions=self.instructions,
             starter_units=3 if self.split_granularity == "clause" else 0,
+            segments="utterance" if self.split_granularity == "none" else "auto",
         )
 
 

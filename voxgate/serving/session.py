@@ -123,7 +123,7 @@ class Session:
         self.last_delta_at = now
         if self._pending_chars + len(text) > self.max_text_chars:
             self.flush(now)  # no segment grows past the text limit (HTTP's, for one request)
-        elif self._full() and _word_boundary(self._pending[-1][-1], text[:1]):
+        elif self._full() and _word_boundary(self._pending[-1][-1], text[:1]) and self.config.segments == "auto":
             self.flush(now)  # full, and this delta starts a new word: the cut the last delta could not make
         if not self._pending:
             self._pending_start = self.next_unit
@@ -131,6 +131,8 @@ class Session:
             self._pending.append(text)
             self._pending_chars += len(text)
         self.next_unit += units
+        if self.config.segments == "utterance":
+            return  # spoken whole at text.end (or text.flush): no cut of its own
         # A blank delta is kept as at most a space, so its line break is looked for in what was sent.
         ends = _SENTENCE_END.search(text) if text.strip() else "\n" in msg.text
         starter = self.config.starter_units > 0 and self._segments_made == 0
@@ -183,7 +185,7 @@ class Session:
         self._pending_start = self.next_unit
 
     def idle_flush_due(self, now: float, idle_s: float) -> bool:
-        return bool(self._pending) and now - self.last_delta_at >= idle_s
+        return self.config.segments == "auto" and bool(self._pending) and now - self.last_delta_at >= idle_s
 
     def end(self, now: float | None = None) -> None:
         """text.end: speak what is pending, then close the utterance."""

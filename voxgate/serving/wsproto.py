@@ -49,6 +49,9 @@ class SessionStart(_Message):
     starter_units: int = Field(
         3, ge=0, le=200, description="an utterance's first segment: at most this many units (0: no starter)"
     )
+    segments: Literal["auto", "utterance"] = Field(
+        "auto", description="auto: segments as text arrives; utterance: one per utterance, at text.end (or flush)"
+    )
     pacing: bool = False
     pacing_lead_ms: int = Field(300, ge=0, le=5000)
     speed: float = Field(1.0, ge=0.25, le=4.0, description="speaking rate (qwen3: time-stretched, pitch kept)")
