@@ -55,8 +55,9 @@ def expectation_problems(case: Case, statuses: Sequence[str | None], dropped: Se
 
 
 def answered_once(reply_starts: Sequence[float], words_end: float) -> bool:
-    """Exactly one reply, started after the user's last word: a reply started at a pause inside
-    a multi-sentence question answers part of it, and the rest then gets a second one."""
+    """Exactly one reply heard (`reply_starts`: the starts of replies whose audio went out; one
+    cancelled before any did was never heard), started after the user's last word: a reply heard
+    from a pause inside a multi-sentence question answers part of it, and the rest gets another."""
     return len(reply_starts) == 1 and reply_starts[0] >= words_end
 
 

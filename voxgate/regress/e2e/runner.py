@@ -199,7 +199,8 @@ def _measure(case: Case, attempts: list[CallRecording], capture_dir: Path | None
     dropped = [str(e.get("reason")) for _, e in rec.events if e.get("type") == "turn.dropped"]
     result.problems = judge.expectation_problems(case, result.statuses, dropped)
     if case.expect.get("answered_once") and rec.said:
-        starts = [t for t, e in rec.events if e.get("type") == "reply.start"]
+        heard = {e.get("trace_id") for _, e in rec.events if e.get("type") == "reply.segment"}  # audio went out
+        starts = [t for t, e in rec.events if e.get("type") == "reply.start" and e.get("trace_id") in heard]
         result.answered_once = judge.answered_once(starts, rec.said[-1].t_eot)
     rows_jsonl = _trace_rows(trace_dir, rec.call_id)
     marks = metrics.trace_marks(rec.events, rows_jsonl)
