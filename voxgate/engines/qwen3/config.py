@@ -7,6 +7,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# A checkpoint directory in the official layout: what the loader reads (and a hub download fetches).
+CHECKPOINT_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer_config.json",
+    "speech_tokenizer/config.json",
+    "speech_tokenizer/model.safetensors",
+)
+
 MODELS = (  # the official checkpoints `make-random-checkpoint` can imitate
     "Qwen3-TTS-12Hz-0.6B-CustomVoice",
     "Qwen3-TTS-12Hz-0.6B-Base",

@@ -30,20 +30,12 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
+from voxgate.engines.qwen3.config import CHECKPOINT_FILES
 from voxgate.types import VoxgateError
 
 log = logging.getLogger(__name__)
 
-MODEL_FILES = (  # what loader.py reads (its REQUIRED_FILES), and nothing else
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer_config.json",
-    "speech_tokenizer/config.json",
-    "speech_tokenizer/model.safetensors",
-)
+MODEL_FILES = CHECKPOINT_FILES  # what loader.py reads, and nothing else
 MODEL_TYPES = ("custom_voice", "voice_design", "base")
 TOKENIZER_TYPE = "qwen3_tts_tokenizer_12hz"
 

@@ -16,7 +16,7 @@ from torch import nn
 from voxgate.engines.qwen3 import kernels
 from voxgate.engines.qwen3.codec import CodecDecoder, CodecDecoderConfig
 from voxgate.engines.qwen3.codec_encoder import CodecEncoder, CodecEncoderConfig
-from voxgate.engines.qwen3.config import Qwen3TTSConfig
+from voxgate.engines.qwen3.config import CHECKPOINT_FILES, Qwen3TTSConfig
 from voxgate.engines.qwen3.prompt import load_text_tokenizer
 from voxgate.engines.qwen3.speaker import SpeakerEncoder, SpeakerEncoderConfig
 from voxgate.engines.qwen3.talker import Talker
@@ -24,16 +24,7 @@ from voxgate.types import VoxgateError
 
 log = logging.getLogger(__name__)
 
-REQUIRED_FILES = (
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer_config.json",
-    "speech_tokenizer/config.json",
-    "speech_tokenizer/model.safetensors",
-)
+REQUIRED_FILES = CHECKPOINT_FILES
 
 
 class CheckpointError(VoxgateError):
