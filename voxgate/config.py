@@ -195,6 +195,13 @@ class Settings(BaseSettings):
         description='Voice agent: a turn that is only an opener ("Hi there.", "Okay. So,") waits this long after '
         "its speech for the question before it is answered.",
     )
+    agent_min_gap_ms: float = Field(
+        1000.0,
+        ge=0,
+        le=10000,
+        description="Voice agent: a reply is not audible sooner than this after the user's last voiced audio; "
+        "speech resuming within it cancels the reply unheard and joins the same turn.",
+    )
     agent_min_interruption_ms: float = Field(
         300.0, ge=0, le=10000, description="Voice agent: speech over a reply shorter than this never interrupts it."
     )

@@ -27,6 +27,14 @@ reply: `FlushAudio` (silence first), then `CancelReply` (LLM and TTS), and the n
 becomes the turn. The reply also ends normally when its playout finishes first; speech that
 began over it keeps the same rules.
 
+A reply is never audible sooner than `min_gap_s` after the user's last voiced audio, nor
+while the VAD hears voice it has not yet confirmed as speech (`VoiceHeard`): its audio is held
+(`HoldAudio`). A pause inside a question ("The leaves are turning yellow. [800 ms] What am I
+doing wrong?") can end the turn and start a reply within that pause; the user going on then
+finds the reply unheard. Speech over a reply nobody has heard yet holds its audio until the
+speech is decided (the rules above); an interruption then cancels it unheard, and its words
+join the new turn: one reply to the whole question.
+
 History holds only what was heard: the reply's segments whose audio was published, all of
 a completed reply, and after a cut the last one only if `heard_min_s` of it was played. When
 nothing of a reply was heard, its user words are carried into the next turn's request
@@ -69,6 +77,13 @@ OPENERS = frozenset({"hi", "hello", "hey", "there", "okay", "ok", "so", "well", 
                      "oh", "ah", "yeah", "right", "alright", "now", "and", "but", "also", "then"})  # fmt: skip
 # Fillers that stall for time ("Um, let me think."): an opener too, whatever their words.
 FILLERS = re.compile(r"\b(?:let me (?:think|see)|let's see|you know|i mean)\b")
+# Phrases that acknowledge or close without asking ("Okay, thanks.", "Alright, cool.", "Got it,
+# so"): whisper and the turn model hear a finished turn, yet a question often follows them; an
+# opener too. A closing "Thanks!" alone is still answered, `opener_hold_s` later.
+ACKNOWLEDGEMENTS = re.compile(
+    r"\b(?:thanks(?: a lot| so much)?|thank you(?: so much| very much)?|cheers|got it|gotcha|i see|understood"
+    r"|makes sense|fair enough|sounds good|no worries|all right|cool|great|perfect|awesome|nice|good|fine)\b"
+)
 _WORD = re.compile(r"[\w'-]+")
 
 
@@ -94,6 +109,13 @@ class ControllerConfig:
     # A turn that is only an opener waits this long after its speech ended for more (on a Tick):
     # the VAD and the turn model hear "Hi there." as finished; its words say the question follows.
     opener_hold_s: float = 1.2
+    # A reply is not audible sooner than this after the user's last voiced audio (its audio is
+    # held): a pause inside a question is often 300-900 ms, and speech resuming within the gap
+    # finds the reply unheard, so it is cancelled and its words join the question.
+    min_gap_s: float = 1.0
+    # Voice the VAD hears, not yet confirmed as speech (`VoiceHeard`), holds an unheard reply this
+    # long after it was last heard: speech is confirmed only after ~250 ms of it.
+    onset_wait_s: float = 0.1
     # Also notify `reply.segment` and `turn.trace` (what a live page shows); off, the events are
     # only the turn protocol, which bots and scripted tests follow message by message.
     detail_events: bool = False
@@ -101,6 +123,8 @@ class ControllerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.min_interruption_s <= self.confirm_after_s or min(self.heard_min_s, self.stall_s) < 0:
             raise ValueError("need 0 <= min_interruption_s <= confirm_after_s, heard_min_s >= 0, stall_s >= 0")
+        if min(self.min_gap_s, self.onset_wait_s, self.opener_hold_s) < 0:
+            raise ValueError("need min_gap_s, onset_wait_s, opener_hold_s >= 0")
 
 
 def has_words(text: str, backchannels: frozenset[str] = BACKCHANNELS) -> bool:
@@ -125,6 +149,15 @@ class SpeechStarted:
 class SpeechEnded:
     at: float  # VAD: the user stopped (after the hangover): end of turn
     end_of_turn: TurnDecision | None = None  # how the turn model decided it, if one did
+    voice_end: float | None = None  # when the last voiced audio ended (before the hangover); None: `at`
+
+    def __post_init__(self) -> None:
+        _check(self.voice_end is None or self.voice_end <= self.at, "voice_end must not be after the speech end")
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceHeard:
+    at: float  # VAD: voice it has not (yet) confirmed as speech; maybe the user going on
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +235,7 @@ class CallEnded:
     at: float
 
 
-Event = (SpeechStarted | SpeechEnded | Transcript | LlmDelta | LlmDone | LlmFailed | SegmentStarted
+Event = (SpeechStarted | SpeechEnded | VoiceHeard | Transcript | LlmDelta | LlmDone | LlmFailed | SegmentStarted
          | TtsFirstAudio | AudioSent | PlayoutDone | Tick | CallEnded)  # fmt: skip
 
 
@@ -241,8 +274,9 @@ class FlushAudio:
 
 @dataclass(frozen=True, slots=True)
 class HoldAudio:
-    """Publish none of the reply's audio while `hold` (it stays queued), or go on: the user
-    spoke before any of it was heard, and it is not yet decided whether to interrupt it."""
+    """Publish none of the reply's audio while `hold` (it stays queued), or go on: none of it
+    was heard yet, and the user may still be talking (within `min_gap_s` of their last voice,
+    voice heard, or speech over it not yet decided)."""
 
     trace_id: str
     hold: bool
@@ -283,6 +317,7 @@ class Turn:
     over_reply: bool  # began over a live reply and not yet confirmed as an interruption
     touched: float  # time of its last event (stall watchdog)
     speaking_since: float | None = None
+    voice_end: float = float("-inf")  # when its last voiced audio ended
     parts: list[str | None] = field(default_factory=list)  # transcripts; None while pending
     user: str = ""  # the user text the reply answers (carried words included)
     replying: bool = False
@@ -319,6 +354,7 @@ class DuplexController:
         self.ended = False
         self._carry = ""  # user words of a reply nobody heard
         self._holding: str | None = None  # the reply whose audio is held (HoldAudio)
+        self._voice_at = float("-inf")  # the last VoiceHeard
         self._count = 0
         self._out: list[Action] = []
 
@@ -340,7 +376,9 @@ class DuplexController:
             case SpeechStarted(at=at):
                 self._speech_started(at)
             case SpeechEnded(at=at):
-                self._speech_ended(at, event.end_of_turn)
+                self._speech_ended(at, event.end_of_turn, at if event.voice_end is None else event.voice_end)
+            case VoiceHeard(at=at):
+                self._voice_at = max(self._voice_at, at)
             case Tick(at=at):
                 self._tick(at)
             case CallEnded(at=at):
@@ -356,15 +394,15 @@ class DuplexController:
                     self._reply_event(turn, event)
             case _:
                 raise ControllerError(f"not a controller event: {event!r}")
-        self._hold_or_release()
+        self._hold_or_release(event.at)
         return self._out
 
-    def _hold_or_release(self) -> None:
-        """A reply nobody has heard yet is not heard while speech over it is undecided: the user
-        going on after a pause ("I'm learning Spanish. [pause] How do I practise?") interrupts a
-        reply that was never audible, whose words then join the question (see `_end_reply`)."""
+    def _hold_or_release(self, at: float) -> None:
+        """A reply nobody has heard yet is not heard while the user may still be talking: the
+        user going on after a pause ("I'm learning Spanish. [pause] How do I practise?") then
+        interrupts a reply that was never audible, whose words join the question (`_end_reply`)."""
         turn = self.turn
-        want = turn.trace_id if turn is not None and turn.replying and turn.held and self.pending else None
+        want = turn.trace_id if turn is not None and turn.replying and self._must_wait(turn, at) else None
         if want != self._holding:
             if self._holding is not None:
                 self._out.append(HoldAudio(self._holding, False))
@@ -373,6 +411,13 @@ class DuplexController:
             self._holding = want
         if turn is not None and self.pending is None:
             turn.held = False
+
+    def _must_wait(self, turn: Turn, at: float) -> bool:
+        if turn.published:
+            return False
+        cfg = self.config
+        undecided = turn.held and self.pending is not None  # speech over it, not yet judged
+        return undecided or at < turn.voice_end + cfg.min_gap_s or at < self._voice_at + cfg.onset_wait_s
 
     # ------------------------------------------------------------------ the user
 
@@ -394,11 +439,12 @@ class DuplexController:
         turn.speaking_since, turn.touched = at, max(turn.touched, at)
         self._mark(turn, "vad_start", at)
 
-    def _speech_ended(self, at: float, end_of_turn: TurnDecision | None) -> None:
+    def _speech_ended(self, at: float, end_of_turn: TurnDecision | None, voice_end: float) -> None:
         turn = self.pending if self.pending is not None else self.turn
         if turn is None or turn.speaking_since is None:
             return self._ignore("speech_end_without_start")
         turn.end_of_turn = end_of_turn or turn.end_of_turn
+        turn.voice_end = max(turn.voice_end, voice_end)
         spoke, turn.speaking_since, turn.touched = at - turn.speaking_since, None, max(turn.touched, at)
         if turn.over_reply and spoke < self.config.min_interruption_s:
             return self._advance(turn, at)  # too short to be an interruption: not even transcribed
@@ -437,7 +483,9 @@ class DuplexController:
             self._notify("reply.start", turn)
 
     def _opener_only(self, text: str) -> bool:
-        return not has_words(FILLERS.sub(" ", text.lower()), self.config.openers)
+        """Only openers, fillers and acknowledgements: words that come before a question."""
+        rest = ACKNOWLEDGEMENTS.sub(" ", FILLERS.sub(" ", text.lower()))
+        return not has_words(rest, self.config.openers)
 
     def _confirm(self, turn: Turn, at: float) -> None:
         turn.over_reply = False

@@ -141,7 +141,10 @@ class CallDriver:
             elif isinstance(event, vad_events.SpeechEnded):
                 self._last_speech = (event.start_sample, event.end_sample)
                 self._last_stream, self._stream = self._stream, None
-                self._handle(fsm.SpeechEnded(at=now, end_of_turn=event.end_of_turn))
+                voice_end = now - max(0, event.sample - event.end_sample) / VAD_RATE  # the mic runs in real time
+                self._handle(fsm.SpeechEnded(at=now, end_of_turn=event.end_of_turn, voice_end=voice_end))
+        if self.vad.segmenter.hearing_voice:  # a reply nobody heard yet waits to see if it is speech
+            self._handle(fsm.VoiceHeard(at=time.perf_counter()))
         if self._stream is not None:  # from the start of speech to the end of the turn
             voiced = self.vad.in_speech and self.vad.last_probability >= self.vad.segmenter.config.release
             self._stream.offer(self._mic_start + len(self._mic), pause=not voiced)

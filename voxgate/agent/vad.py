@@ -153,6 +153,11 @@ class VadSegmenter:
     def in_speech(self) -> bool:
         return self._state is _State.SPEECH
 
+    @property
+    def hearing_voice(self) -> bool:
+        """Voiced windows not (yet) long enough to be speech: maybe the user starting to talk."""
+        return self._state is _State.CANDIDATE
+
     def push(self, probability: float) -> list[VadEvent]:
         """The next window's speech probability; returns the events it decides (0 or 1)."""
         start, end = self.position, self.position + self.window
