@@ -46,6 +46,14 @@ class Settings(BaseSettings):
     default_voice: str | None = Field(None, description="Voice used when a request names none (engine default).")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Logging level.")
     warmup: bool = Field(True, description="Synthesise once at start-up before /healthz reports ready.")
+    drain_s: float = Field(
+        10.0,
+        ge=0,
+        le=3600,
+        description="On shutdown (SIGTERM, Ctrl-C, a replica removed): how long running streams and WebSocket "
+        "utterances may finish while new ones get 503 server_draining (/readyz 503); then each open session "
+        "gets a fatal server_draining error and its socket closes (1012).",
+    )
 
     # safety and limits
     api_keys: Annotated[list[str], NoDecode] = Field(

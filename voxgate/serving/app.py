@@ -28,6 +28,8 @@ from voxgate.serving.auth import Authenticator, Client, OriginPolicy
 from voxgate.serving.bridge import router as bridge_router
 from voxgate.serving.bridge_ws import router as bridge_ws_router
 from voxgate.serving.http import router
+from voxgate.serving.lifecycle import LIFECYCLE_PATHS
+from voxgate.serving.lifecycle import router as lifecycle_router
 from voxgate.serving.llm import router as llm_router
 from voxgate.serving.metrics import Metrics
 from voxgate.serving.openapi import document_api
@@ -41,10 +43,11 @@ from voxgate.serving.ws import router as ws_router
 from voxgate.types import Forbidden, NotFound, RequestTimeout, RequestTooLarge, Unauthorized, VoxgateError
 
 log = logging.getLogger(__name__)
-_OPEN_PATHS = ("/healthz", *PAGE_PATHS)  # the page is static; its API calls carry the key
+_OPEN_PATHS = ("/healthz", *LIFECYCLE_PATHS, *PAGE_PATHS)  # the page is static; its API calls carry the key
 _ADMIN_PREFIX = "/debug/"
 _SAFE_ID = re.compile(rb"[A-Za-z0-9._:-]+")
-_KNOWN_PATHS = ("/tts/stream", "/v1/audio/speech", "/v1/voices", "/healthz", "/metrics", "/debug/timings",
+_KNOWN_PATHS = ("/tts/stream", "/v1/audio/speech", "/v1/voices", "/healthz", "/livez", "/readyz", "/metrics",
+                "/debug/timings",
                 "/v1/chat/completions", "/v1/bridge/stream", "/v1/agent/offer", "/v1/auth/token")  # fmt: skip
 
 
@@ -84,6 +87,7 @@ def create_app(
     app.state.voxgate = state
     app.state.ws_gateway = Gateway(state)
     app.include_router(router)
+    app.include_router(lifecycle_router)
     app.include_router(ws_router)
     app.include_router(llm_router)
     app.include_router(bridge_router)

@@ -40,6 +40,15 @@ from voxgate.types import (
 log = logging.getLogger(__name__)
 
 
+class Draining(VoxgateError):
+    """The server is shutting down (`VOXGATE_DRAIN_S`): what runs finishes, nothing new starts;
+    another replica (or this one, restarted) takes the retry."""
+
+    code = "server_draining"
+    status = 503
+    retry_after_s = 1
+
+
 @dataclass(frozen=True, slots=True)
 class StreamPlan:
     """A validated request: what to synthesise and how to put it on the wire."""
@@ -59,6 +68,7 @@ class ServerState:
     engine: Engine | None = None
     ready: bool = False
     startup_error: str | None = None
+    draining: bool = False  # shutting down: new sessions and streams are refused (serving/lifecycle.py)
     limiter: StreamLimiter = field(init=False)
     auth: Authenticator = field(init=False)  # who a request is (voxgate.serving.auth)
     sessions: SessionCounter = field(init=False)  # open WebSocket sessions per client
@@ -263,6 +273,8 @@ class ServerState:
         it, exactly as a voice that does not exist. Every transport passes it; `None` (no
         owner check) is for the server's own work."""
         engine = self.require_engine()
+        if self.draining:
+            raise Draining("the server is shutting down and takes no new streams; retry (another replica)")
         check_text(text, self.settings.max_text_chars)
         voice = self._voice_for(client, voice)
         request = SynthesisRequest(

@@ -71,7 +71,7 @@ def uvicorn_config(app: Any, settings: Settings, access_log: bool) -> uvicorn.Co
         port=settings.port,
         log_level=settings.log_level,
         access_log=access_log,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=2,  # after the drain (serving/lifecycle.py), which waited VOXGATE_DRAIN_S
         http=protocol,
         ws_max_size=settings.ws_max_message_bytes + WS_FRAME_SLACK,
     )

@@ -32,7 +32,16 @@ from voxgate.serving.omni import OmniConfig, OmniFraming, parse_omni
 from voxgate.serving.session import Entry, Segment, Session
 from voxgate.serving.state import ServerState, StreamPlan
 from voxgate.serving.ws_live import CONTROL_BYTES, Live, abort, close_quietly, send_now, send_then_close
-from voxgate.serving.wsproto import Bare, Ping, ProtocolError, SessionStart, TextDelta, error, parse_client
+from voxgate.serving.wsproto import (
+    Bare,
+    Ping,
+    ProtocolError,
+    SessionStart,
+    TextDelta,
+    check_session_id,
+    error,
+    parse_client,
+)
 from voxgate.speech.stream import EngineStream
 from voxgate.types import Busy, VoxgateError
 
@@ -41,6 +50,8 @@ log = logging.getLogger(__name__)
 # streams may be joined end to end (FLAC may not: each stream starts with its own header).
 WS_FORMATS = (*(f for f in FORMATS if f != "wav"), "mp3", "opus", "aac")
 DETACHED_PRIORITY = -100  # the lowest a request may ask for (HTTP allows -100..100)
+SESSION_HEADER = "x-voxgate-session"  # the connect's session key (browsers cannot set headers: ?session=)
+DRAIN_CLOSE = 1012  # "service restart": the server is going; open the session again elsewhere
 router = APIRouter()
 
 
@@ -52,6 +63,18 @@ async def tts_socket(websocket: WebSocket) -> None:
 @router.websocket("/v1/audio/speech/stream")
 async def compat_socket(websocket: WebSocket) -> None:
     await _gateway(websocket).serve(websocket, compat=True)
+
+
+def session_key(websocket: WebSocket) -> str | None:
+    """The connect's session key (`?session=`, else the `X-Voxgate-Session` header), checked;
+    the key a proxy routes by (Ray Serve: voxgate.cluster), so one socket cannot name two."""
+    query = websocket.query_params.get("session")
+    header = websocket.headers.get(SESSION_HEADER)
+    if query is not None and header is not None and query != header:
+        raise ProtocolError("invalid_session_id", "?session= and X-Voxgate-Session name different sessions",
+                            fatal=True)  # fmt: skip
+    key = query if query is not None else header
+    return None if key is None else check_session_id(key, fatal=True)
 
 
 def _gateway(websocket: WebSocket) -> Gateway:
@@ -78,6 +101,12 @@ class Gateway:
         client: Client = websocket.scope["state"]["client"]  # authenticated by RequestGate
         rate = MessageRate(self.settings.ws_messages_per_s, self.settings.ws_message_burst)
         turn = Turn()
+        try:
+            key = session_key(websocket)
+        except ProtocolError as exc:
+            self.state.metrics.errors.labels(exc.code).inc()
+            await send_then_close(websocket, exc.to_message())
+            return
         self._start_janitor()
         live: Live | None = None
         try:
@@ -93,7 +122,7 @@ class Gateway:
                         raise ProtocolError("rate_limited", "too many messages; the socket is closed", fatal=True)
                     limit = self.settings.ws_max_message_bytes
                     message = parse_omni(raw, limit) if compat else parse_client(raw, limit)
-                    live = await self._apply(message, live, websocket, client)
+                    live = await self._apply(message, live, websocket, client, key)
                 except (ProtocolError, VoxgateError) as exc:
                     reply = exc.to_message() if isinstance(exc, ProtocolError) else error(exc.code, exc.message)
                     self.state.metrics.errors.labels(reply["code"]).inc()
@@ -135,7 +164,9 @@ class Gateway:
         if live.unread_bytes() > self.settings.ws_send_queue_bytes + CONTROL_BYTES and live.socket is not None:
             self._drop(live, live.socket, "the client does not read its replies")
 
-    async def _apply(self, message: Any, live: Live | None, websocket: WebSocket, client: Client) -> Live | None:
+    async def _apply(
+        self, message: Any, live: Live | None, websocket: WebSocket, client: Client, key: str | None
+    ) -> Live | None:
         if isinstance(message, Ping):
             reply = {"type": "pong", "id": message.id}
             if live is not None and live.socket is websocket:
@@ -145,15 +176,15 @@ class Gateway:
             return live
         if isinstance(message, OmniConfig):
             if live is None:
-                return self._open(message.session_start(), websocket, client, omni=message)
+                return self._open(message.session_start(), websocket, client, key, omni=message)
             self._reconfigure(live, message, client)
             return live
         if isinstance(message, SessionStart):
             if live is not None:
                 raise ProtocolError("session_exists", "this socket already has a session")
             if message.resume:
-                return self._resume(message, websocket, client)
-            return self._open(message, websocket, client)
+                return self._resume(message, websocket, client, key)
+            return self._open(message, websocket, client, key)
         if live is None:
             raise ProtocolError("no_session", "send session.start first (session.config on vLLM-Omni's path)")
         session = live.session
@@ -182,17 +213,23 @@ class Gateway:
 
     # ------------------------------------------------------------------ sessions
 
-    def _open(self, start: SessionStart, websocket: WebSocket, client: Client, omni: OmniConfig | None = None) -> Live:
+    def _open(
+        self, start: SessionStart, websocket: WebSocket, client: Client, key: str | None, omni: OmniConfig | None = None
+    ) -> Live:
+        if self.state.draining:
+            raise ProtocolError(
+                "server_draining", "the server is shutting down; open the session elsewhere", fatal=True
+            )
         if len(self.sessions) >= self.settings.ws_max_sessions:
             raise ProtocolError("too_many_sessions", f"the server holds {len(self.sessions)} sessions", fatal=True)
         plan = self._plan(start, client)
+        session_id = self._new_id(start.session_id, key)
         self.state.sessions.open(client.id)  # TooManySessions: the socket stays open
         try:
             self.state.limiter.open_session()  # Busy past the engine's real-time voices (the socket stays open)
         except Busy:
             self.state.sessions.close(client.id)
             raise
-        session_id = secrets.token_hex(16)  # 128 random bits; never listed to other clients
         s = self.settings
         session = Session(session_id, start, plan.sample_rate, s.ws_replay_bytes, s.max_text_chars,
                           s.ws_text_queue_chars)  # fmt: skip
@@ -202,6 +239,23 @@ class Gateway:
         live.synth = asyncio.get_running_loop().create_task(self._synthesise(live))
         self._attach(live, websocket, resumed=False)
         return live
+
+    def _new_id(self, chosen: str | None, key: str | None) -> str:
+        """The new session's id: the client's choice (session.start's, else the connect's key),
+        if valid and not held by any session; else 128 random bits. A taken id is refused,
+        never joined: only a resume with the session's token reaches an existing session."""
+        if chosen is not None:
+            check_session_id(chosen)
+            if key is not None and key != chosen:
+                raise ProtocolError("invalid_session_id", "session.start's session_id differs from the connect's "
+                                    "session key (?session= or X-Voxgate-Session)")  # fmt: skip
+        wanted = chosen or key
+        if wanted is None:
+            return secrets.token_hex(16)  # never listed to other clients
+        if wanted in self.sessions:
+            raise ProtocolError("session_id_taken", "a session with this id is open; choose another id, or resume "
+                                "it with its resume_token")  # fmt: skip
+        return wanted
 
     def _plan(self, start: SessionStart, client: Client) -> StreamPlan:
         fmt = "pcm" if start.format == "pcm16" else start.format
@@ -226,10 +280,12 @@ class Gateway:
         live.omni.close()
         live.omni = OmniFraming(config, live.session.sample_rate, live.omni.utterance)
 
-    def _resume(self, start: SessionStart, websocket: WebSocket, client: Client) -> Live:
+    def _resume(self, start: SessionStart, websocket: WebSocket, client: Client, key: str | None) -> Live:
         """Only with the session's resume token, and (where keys identify clients) from its
         owner; every refusal looks the same, so ids and tokens cannot be probed."""
         assert start.resume is not None
+        if key is not None and key != start.resume.session_id:
+            raise ProtocolError("invalid_session_id", "the connect's session key is not the session resumed")
         live = self.sessions.get(start.resume.session_id)
         owned = live is not None and hmac.compare_digest(live.resume_token.encode(), start.resume.resume_token.encode())
         if live is not None and self.state.auth.required and live.owner != client.id:
@@ -304,6 +360,32 @@ class Gateway:
             live.synth.cancel()
         if live.omni is not None:
             live.omni.close()
+
+    def idle(self) -> bool:
+        """Nothing left to finish: no utterance open, every session's output sent (a drain
+        waits for this)."""
+        return all(
+            not live.session.open and not live.session.speakable and live.session.drained
+            for live in list(self.sessions.values())
+        )
+
+    async def close_all(self, code: str, message: str) -> None:
+        """End every session (the drain's last step): an attached client gets a fatal `code`
+        error after the frame in flight, then a 1012 close; one that does not read within a
+        second is cut. A resume afterwards finds nothing (`resume_not_available`)."""
+        lives = list(self.sessions.values())
+        writers = set()
+        for live in lives:
+            if live.socket is not None and live.writer is not None:
+                live.close_code = DRAIN_CLOSE
+                live.reply(error(code, message, fatal=True))
+                writers.add(live.writer)
+        if writers:
+            await asyncio.wait(writers, timeout=1.0)
+        for live in lives:
+            if live.socket is not None and (live.writer is None or not live.writer.done()):
+                abort(live.socket)  # not reading: its close frame would wait behind its audio
+            self._end(live)
 
     def _start_janitor(self) -> None:
         if self._janitor is None or self._janitor.done():

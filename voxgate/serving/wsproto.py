@@ -27,6 +27,19 @@ class ProtocolError(Exception):
         return error(self.code, self.message, self.fatal, **self.extra)
 
 
+SESSION_ID_MAX = 64
+_SESSION_ID = re.compile(rf"[A-Za-z0-9._~-]{{1,{SESSION_ID_MAX}}}")  # URL-safe: a query parameter as it is
+
+
+def check_session_id(value: str, fatal: bool = False) -> str:
+    """A client-chosen session id as given, or `invalid_session_id` (`fatal` for a connect's
+    key: it cannot change on that socket)."""
+    if not _SESSION_ID.fullmatch(value):
+        raise ProtocolError("invalid_session_id", f"a session id is 1-{SESSION_ID_MAX} characters of "
+                            "A-Z a-z 0-9 . _ ~ -", fatal=fatal)  # fmt: skip
+    return value
+
+
 class _Message(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -56,6 +69,13 @@ class SessionStart(_Message):
     pacing_lead_ms: int = Field(300, ge=0, le=5000)
     speed: float = Field(1.0, ge=0.25, le=4.0, description="speaking rate (qwen3: time-stretched, pitch kept)")
     instructions: str | None = Field(None, max_length=2000, description="style instructions (qwen3 VoiceDesign)")
+    session_id: str | None = Field(
+        None,
+        max_length=SESSION_ID_MAX,
+        description="the new session's id, chosen by the client (1-64 of A-Z a-z 0-9 . _ ~ -; unique on the "
+        "server): the key a load balancer or Ray Serve routes the session and its resumes by. Omitted: the "
+        "connect's ?session= or X-Voxgate-Session, else a random id",
+    )
     resume: Resume | None = None
 
 
