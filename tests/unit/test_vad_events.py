@@ -54,6 +54,16 @@ def test_short_cough_is_ignored():
     assert run(script((SILENT, 10), (VOICED, MIN_SPEECH_W - 1), (SILENT, 30))) == []
 
 
+def test_voice_not_yet_speech_is_heard_until_it_is_confirmed_or_dropped():
+    seg = VadSegmenter()
+    seg.push_many(script((SILENT, 5), (VOICED, MIN_SPEECH_W - 1)))
+    assert seg.hearing_voice and not seg.in_speech  # the agent holds an unheard reply meanwhile
+    seg.push(VOICED)
+    assert seg.in_speech and not seg.hearing_voice
+    seg.push_many(script((SILENT, 20), (VOICED, 2), (SILENT, HANGOVER_W)))
+    assert not seg.hearing_voice and not seg.in_speech  # a click: dropped after the hangover
+
+
 def test_min_speech_is_configurable():
     probs = script((SILENT, 10), (VOICED, 4), (SILENT, 30))
     assert run(probs, VadConfig(min_speech_ms=100))[0] == SpeechStarted(14 * W, 10 * W - PRE_ROLL)
