@@ -1,6 +1,6 @@
 # Two entry points for a fresh machine: `make serve` and `make test`.
 # Each creates .venv (Python >= 3.11) and installs the pinned dependencies when missing.
-# `make serve` installs what serving the embedded CPU voice and LLM needs; `make test` adds
+# `make serve` installs what serving the embedded CPU voice and LLM needs; `make test` adds Ray Serve,
 # torch (CPU), the test tools and the official Qwen3-TTS package as a parity reference.
 PYTHON ?= python3
 VENV   := .venv

@@ -44,10 +44,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from voxgate.runtime import loop_name
     from voxgate.serving.app import create_app
     from voxgate.serving.auth import redact_secrets
+    from voxgate.serving.lifecycle import drain
     from voxgate.serving.transport import quiet_client_faults, uvicorn_config
 
     settings = _settings(args, warmup=False if args.no_warmup else None)
     _logging(settings.log_level)
+    if args.replicas:
+        from voxgate.cluster.local import run_local
+
+        return run_local(settings, args.replicas, args.max_replicas, args.ray_cpus)
     fatal: list[str] = []
 
     def on_fatal(reason: str) -> None:
@@ -67,6 +72,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     f"warming up, GET /healthz says when ready; Ctrl-C stops)",
                     flush=True,
                 )
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            """Drain first, with the listener still open: new sessions get `server_draining`
+            and /readyz 503 while running ones finish (a second Ctrl-C cuts it short)."""
+            await drain(app.state, settings.drain_s, lambda: self.force_exit)
+            await super().shutdown(sockets)
 
     config = uvicorn_config(app, settings, access_log=args.access_log)
     redact_secrets()  # after uvicorn set up its loggers: no key or token in a log line
@@ -242,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", dest="log_level", help="debug | info | warning | error")
     serve.add_argument("--no-warmup", action="store_true", help="skip the engine warm-up synthesis")
     serve.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    serve.add_argument("--replicas", type=int, help="run N replicas on a local Ray Serve (needs voxgate[ray])")
+    serve.add_argument("--max-replicas", type=int, help="with --replicas: autoscale up to this many on active streams")
+    serve.add_argument("--ray-cpus", type=int, help="with --replicas: CPUs the local Ray may use (default: all)")
     serve.set_defaults(func=cmd_serve)
 
     say = sub.add_parser("say", help="synthesise text to a WAV file")

@@ -3,7 +3,8 @@
 Every `import` in voxgate, at any depth of a module (function-level imports too), read with
 `ast`. Layers, lowest first: the base (types, config, audio, text, ...), engines, bridge
 (pure: base only), the speech runtime (speech), then the product (agent, serving: neither
-imports the other; the agent reaches its host through `agent/host.py`'s protocol); the
+imports the other; the agent reaches its host through `agent/host.py`'s protocol), the Ray
+Serve deployment (cluster) above the server; the
 harness (bench, regress) and the command line sit on top, and nothing in the product imports
 them.
 """
@@ -26,6 +27,7 @@ ALLOWED = {  # what each part may import besides itself
     "speech": BASE | {"engines", "bridge"},
     "agent": BASE | {"engines", "bridge", "speech"},
     "serving": BASE | {"engines", "bridge", "speech", "agent"},
+    "cluster": BASE | {"engines", "bridge", "speech", "agent", "serving"},  # Ray Serve, above the server
     "integrations": BASE,  # clients of the server (pipecat, LiveKit): they speak its wire protocol only
 }
 

@@ -216,9 +216,13 @@ class SessionClient:
                                    "proxy": None, "max_size": 8 * 1024 * 1024}  # fmt: skip
         if self.params.api_key:
             options["additional_headers"] = {"Authorization": f"Bearer {self.params.api_key}"}
+        # Every connect names its session (README "Several replicas on Ray Serve"): a router sends
+        # the session's resumes to its replica; the server takes the key as the session's id.
+        key = self.session_id or f"load-{id(self):x}-{time.time_ns():x}"
+        url = f"{self.params.url}{'&' if '?' in self.params.url else '?'}session={key}"
         if small_buffer:
-            options.update(sock=await _small_buffer_socket(self.params.url), max_queue=1)
-        link = Link(await connect(self.params.url, **options))
+            options.update(sock=await _small_buffer_socket(url), max_queue=1)
+        link = Link(await connect(url, **options))
         link.gate.set()
         link.reader = asyncio.create_task(self._read(link))
         return link

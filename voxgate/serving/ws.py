@@ -87,6 +87,7 @@ class Gateway:
         self.state = state
         self.settings = state.settings
         self.sessions: dict[str, Live] = {}
+        self.sockets: set[WebSocket] = set()  # open sockets, with a session or not (a drain closes each)
         self._janitor: asyncio.Task[None] | None = None
         state.metrics.ws_sessions.set_function(lambda: len(self.sessions))
         state.metrics.ws_detached.set_function(
@@ -109,6 +110,7 @@ class Gateway:
             return
         self._start_janitor()
         live: Live | None = None
+        self.sockets.add(websocket)
         try:
             while True:
                 frame = await websocket.receive()
@@ -144,6 +146,7 @@ class Gateway:
         except Exception:  # a bug must cost this socket only
             log.exception("websocket session failed")
         finally:
+            self.sockets.discard(websocket)
             if live is not None:
                 self._detach(live, websocket)
 
@@ -374,11 +377,13 @@ class Gateway:
         error after the frame in flight, then a 1012 close; one that does not read within a
         second is cut. A resume afterwards finds nothing (`resume_not_available`)."""
         lives = list(self.sessions.values())
-        writers = set()
+        attached = {live.socket for live in lives}
+        reply = error(code, message, fatal=True)
+        writers = {asyncio.ensure_future(send_then_close(ws, reply, DRAIN_CLOSE)) for ws in self.sockets - attached}
         for live in lives:
             if live.socket is not None and live.writer is not None:
                 live.close_code = DRAIN_CLOSE
-                live.reply(error(code, message, fatal=True))
+                live.reply(reply)
                 writers.add(live.writer)
         if writers:
             await asyncio.wait(writers, timeout=1.0)

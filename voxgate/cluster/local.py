@@ -1,0 +1,53 @@
+"""`voxgate serve --replicas N`: a local Ray (this machine's cores and GPUs) running the
+voxgate deployment behind Ray Serve's proxy on VOXGATE_HOST:VOXGATE_PORT, until SIGTERM or
+Ctrl-C, then a graceful stop: the app is deleted first, so each replica drains
+(`deployment.py`) while Ray's proxy still carries its sockets (`serve.shutdown()` alone kills
+the proxy first, and every socket with it), then Serve and Ray stop."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+
+from voxgate import __version__
+from voxgate.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def run_local(settings: Settings, replicas: int, max_replicas: int | None = None, num_cpus: int | None = None) -> int:
+    """Start Ray and the app; block until a signal; shut down gracefully. Returns the exit code."""
+    # Ray's proxy hashes the session header it is told of; every Ray process it starts inherits this.
+    os.environ.setdefault("RAY_SERVE_SESSION_ID_HEADER_KEY", "x-voxgate-session")
+    import ray
+    from ray import serve
+
+    from voxgate.cluster.deployment import build
+
+    port = settings.port or free_port(settings.host)
+    ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False, log_to_driver=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        serve.start(http_options={"host": settings.host, "port": port})
+        serve.run(build(settings, replicas, max_replicas), name="voxgate", route_prefix="/", blocking=False)
+        print(f"voxgate {__version__} serving on http://{settings.host}:{port}  (engine={settings.engine}, "
+              f"ray serve, {replicas} replicas; GET /cluster/readyz says when ready; Ctrl-C stops)",
+              flush=True)  # fmt: skip
+        stop.wait()
+        log.info("stopping: each replica drains for up to %.1f s", settings.drain_s)
+        serve.delete("voxgate")  # the replicas drain while the proxy still carries their sockets
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+    return 0
