@@ -187,13 +187,16 @@ def _speak(engine, text, voice="vivian", cancel=None, priority=0):
     return [c.samples for c in engine.stream(request, cancel or CancelToken())]
 
 
-@pytest.mark.parametrize("prompt_thread", [False, True])
-def test_concurrent_requests_each_get_what_they_get_alone(ours, prompt_thread):
+@pytest.mark.parametrize(("prompt_thread", "text_table"), [(False, False), (True, False), (False, True)])
+def test_concurrent_requests_each_get_what_they_get_alone(ours, prompt_thread, text_table):
+    """Batched streams sound as each does alone, whether their prompts come built or as plans
+    the runner embeds together (`text_table`, the GPU default)."""
     eager = Qwen3Engine(ours["cv06"], sampling=SamplingParams.greedy(max_new_tokens=12, min_new_tokens=12))
     batched = Qwen3Engine(
         ours["cv06"], sampling=SamplingParams.greedy(max_new_tokens=12, min_new_tokens=12), batched=True, max_streams=4,
-        prompt_thread=prompt_thread,
+        prompt_thread=prompt_thread, text_table=text_table,
     )  # fmt: skip
+    assert (batched.runner.decoder.text_table is not None) == text_table
     try:
         expected = {t: np.concatenate(_speak(eager, t)) for t in TEXTS}
         got: dict[str, np.ndarray] = {}

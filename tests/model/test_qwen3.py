@@ -16,7 +16,7 @@ from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.engine import Qwen3Engine
 from voxgate.engines.qwen3.generate import max_frames_for
 from voxgate.engines.qwen3.loader import CheckpointError, load_checkpoint
-from voxgate.engines.qwen3.prompt import PromptBuilder
+from voxgate.engines.qwen3.prompt import PromptBuilder, TextTable
 from voxgate.types import CancelToken, EmptyText, InvalidRequest, SynthesisRequest, UnknownVoice, UnsupportedLanguage
 
 # Streamed and one-shot decoding do the same sums over matrices of different widths (frames per
@@ -106,6 +106,41 @@ def test_prompt_errors_are_typed(ours, kwargs, error):
     builder = PromptBuilder(ck.config, ck.tokenizer, ck.talker)
     with pytest.raises(error):
         builder.build(**kwargs)
+    with pytest.raises(error):
+        builder.plan(**kwargs)
+
+
+PLAN_CASES = [
+    ("cv06", "Hello world, this is a test.", {"language": "english", "speaker": "vivian"}),
+    ("cv06", "你好，世界！今天天气不错。", {"language": "chinese", "speaker": "eric"}),  # dialect speaker
+    ("cv06", "Streaming text goes one token per frame.", {"speaker": "Ryan", "stream_text": True}),
+    ("cv06", "\n\nA leading newline.", {"speaker": "aiden", "language": "auto"}),
+    ("cv17", "A larger talker with an instruction.", {"speaker": "serena", "instruct": "Speak happily."}),
+    ("vd17", "A designed voice speaks.", {"language": "english", "instruct": "A warm, low female voice."}),
+    ("vd17", "Designed, streamed.", {"instruct": "Calm.", "stream_text": True}),
+]
+
+
+@pytest.mark.parametrize(("model", "text", "kwargs"), PLAN_CASES)
+def test_a_prompt_plan_embeds_to_the_prompt_build_makes(ours, model, text, kwargs):
+    """The two forms of a prompt (prompt.py) keep the same rows in the same order: the plan's
+    embeddings from the text table equal `build`'s (fp32, up to the rounding of the table's
+    larger matrix products)."""
+    ck = ours[model]
+    builder = PromptBuilder(ck.config, ck.tokenizer, ck.talker)
+    built, plan = builder.build(text, **kwargs), builder.plan(text, **kwargs)
+    table = TextTable(ck.talker)
+    made = table.prompts([plan, plan])  # two at once: each its own rows
+    assert plan.length == built.length and plan.trailing_rows == built.trailing_rows
+    assert plan.text_tokens == built.text_tokens
+    for prompt in made:
+        for ours_t, theirs in (
+            (prompt.embeds, built.embeds),
+            (prompt.trailing, built.trailing),
+            (prompt.pad, built.pad),
+        ):
+            assert ours_t.shape == theirs.shape
+            torch.testing.assert_close(ours_t, theirs, rtol=1e-5, atol=1e-5)
 
 
 def test_voice_design_needs_instructions(ours):

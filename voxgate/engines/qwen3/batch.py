@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -36,7 +36,7 @@ from voxgate.engines.qwen3.codec import CodecDecoder, DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.fused_sampler import FRAME_ADD, FRAME_SET, RowSettings, TalkerScores, TextRows, sample_codes
 from voxgate.engines.qwen3.prefill import PROMPTS, Prefiller
-from voxgate.engines.qwen3.prompt import Prompt
+from voxgate.engines.qwen3.prompt import Prompt, PromptPlan, TextTable
 from voxgate.engines.qwen3.sampling import batched_talker_scores, control_mask, hashed_gumbel, sample_rows
 from voxgate.engines.qwen3.talker import Talker
 
@@ -66,7 +66,7 @@ class Admission:
     state to continue from (a cloned voice's reference pre-roll)."""
 
     row: int
-    prompt: Prompt
+    prompt: Prompt | PromptPlan  # a plan needs the decoder's text table
     params: SamplingParams
     seed: int
     context: DecoderState | None = None
@@ -97,6 +97,7 @@ class BatchDecoder:
         use_graphs: bool = True,
         compile_bodies: bool = False,
         sampling: SamplingParams | None = None,
+        text_table: TextTable | None = None,
     ) -> None:
         if slots > BUCKETS[-1]:
             raise ValueError(f"at most {BUCKETS[-1]} streams decode together")
@@ -106,7 +107,7 @@ class BatchDecoder:
         ks = (sampling.top_k, sampling.subtalker_top_k)
         self.sample_width = max(ks) if min(ks) > 0 else 0
         self.nucleus = min(sampling.top_p, sampling.subtalker_top_p) < 1.0
-        self.talker, self.codec = talker, codec
+        self.talker, self.codec, self.text_table = talker, codec, text_table
         self.slots, self.capacity, self.max_text_rows = slots, capacity, max_text_rows
         self.buckets = (*(b for b in BUCKETS if b < slots), slots)
         self.lengths = attention_lengths(capacity, min(256, capacity))
@@ -341,10 +342,11 @@ class BatchDecoder:
         and start each stream in its row."""
         for a in admissions:
             self._check(a.params)
-        lengths = [a.prompt.embeds.shape[1] for a in admissions]
+        lengths = [a.prompt.length for a in admissions]
         longest = max(lengths)
         if longest + 2 > self.capacity:
             raise ValueError(f"a prompt of {longest} positions does not fit a KV cache of {self.capacity}")
+        admissions = self._embedded(admissions)
         for a in admissions:
             if self.device.type == "cuda":  # prompts may come from another stream: keep their memory until read
                 for t in (a.prompt.embeds, a.prompt.trailing, a.prompt.pad):
@@ -357,6 +359,16 @@ class BatchDecoder:
                 self._device_tensor,
             )  # fmt: skip
         self._start_rows(admissions, lengths, rows)
+
+    def _embedded(self, admissions: list[Admission]) -> list[Admission]:
+        """The admissions with every plan made a `Prompt`, all plans in one go (`TextTable.prompts`)."""
+        plans = [a.prompt for a in admissions if isinstance(a.prompt, PromptPlan)]
+        if not plans:
+            return admissions
+        if self.text_table is None:
+            raise ValueError("a prompt plan needs a decoder with a text table")
+        made = iter(self.text_table.prompts(plans))
+        return [replace(a, prompt=next(made)) if isinstance(a.prompt, PromptPlan) else a for a in admissions]
 
     def _device_tensor(
         self, values: list[int] | list[list[int]] | list[list[float]], dtype: torch.dtype
@@ -380,7 +392,7 @@ class BatchDecoder:
         the voice's pre-roll) codec state."""
         ints, floats = [], []
         for a, length in zip(admissions, lengths, strict=True):
-            p, text_rows = a.params, min(a.prompt.trailing.shape[1], self.max_text_rows)
+            p, text_rows = a.params, min(a.prompt.trailing_rows, self.max_text_rows)
             ints.append([length, 0, 1, text_rows, a.seed & 0x7FFFFFFF, p.top_k, p.subtalker_top_k, p.min_new_tokens,
                          int(p.do_sample), int(p.subtalker_do_sample)])  # fmt: skip
             floats.append([p.temperature, p.subtalker_temperature, p.top_p, p.subtalker_top_p, p.repetition_penalty])

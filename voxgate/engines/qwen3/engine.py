@@ -37,7 +37,7 @@ from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.generate import generate_codes, max_frames_for
 from voxgate.engines.qwen3.hub import resolve_model
 from voxgate.engines.qwen3.loader import Qwen3Checkpoint, load_checkpoint
-from voxgate.engines.qwen3.prompt import Prompt, PromptBuilder
+from voxgate.engines.qwen3.prompt import Prompt, PromptBuilder, PromptPlan, TextTable
 from voxgate.engines.qwen3.prompt_thread import PromptThread
 from voxgate.engines.qwen3.runner import END, Job, Runner
 from voxgate.engines.qwen3.scheduler import Scheduler
@@ -82,6 +82,7 @@ class Qwen3Engine(Engine):
         kv_capacity: int = 2048,
         prompt_thread: bool = False,
         lead_ms: float = 1500.0,
+        text_table: bool | None = None,
     ):
         if packet_frames < 1:
             raise ValueError("packet_frames must be >= 1")
@@ -92,6 +93,9 @@ class Qwen3Engine(Engine):
         on_gpu = checkpoint.talker.codec_head.weight.device.type == "cuda"
         self.runner: Runner | None = None
         if on_gpu if batched is None else batched:  # captured at start-up, never during a request
+            # Batched, a request's prompt is a plan of ids that the runner embeds with the others
+            # admitted with it (prompt.py); by default on a GPU (the table is big to build on a CPU).
+            table = TextTable(checkpoint.talker) if (on_gpu if text_table is None else text_table) else None
             decoder = BatchDecoder(
                 checkpoint.talker,
                 checkpoint.codec,
@@ -100,6 +104,7 @@ class Qwen3Engine(Engine):
                 use_graphs=cuda_graphs,
                 compile_bodies=compile_graphs,
                 sampling=self.sampling,
+                text_table=table,
             )
             scheduler = Scheduler(max_streams, max_waiting, max_prefills_per_step=max_streams, buckets=decoder.buckets)
             frame_s = checkpoint.codec.config.samples_per_frame / SAMPLE_RATE
@@ -224,8 +229,8 @@ class Qwen3Engine(Engine):
             limit = min(limit, self.ck.codec.config.max_position_embeddings - context.position - 2)
         if self.runner is not None:
             decoder = self.runner.decoder
-            room = decoder.frame_room(prompt.embeds.shape[1])
-            if room < 64 or prompt.trailing.shape[1] > decoder.max_text_rows:
+            room = decoder.frame_room(prompt.length)
+            if room < 64 or prompt.trailing_rows > decoder.max_text_rows:
                 raise TextTooLong("the text is too long for the decoder's KV cache; split it into sentences")
             if room < limit:
                 log.info("frame limit %d cut to %d by the KV cache", limit, room)
@@ -234,8 +239,9 @@ class Qwen3Engine(Engine):
                               request.listener)  # fmt: skip
         yield from self._chunks(frames, cancel)
 
-    def _prompt(self, request: SynthesisRequest, design: bool) -> tuple[Prompt, DecoderState | None]:
-        """The talker prompt for a request, and the codec state to continue from (clones)."""
+    def _prompt(self, request: SynthesisRequest, design: bool) -> tuple[Prompt | PromptPlan, DecoderState | None]:
+        """The talker prompt for a request, and the codec state to continue from (clones): a
+        plan of ids where the runner can embed it (no GPU work here), else the embeddings."""
         language = _LANGUAGES.get(request.language or "", request.language)
         if self.clones is not None:
             voice = self.clones.get(request.voice)
@@ -255,6 +261,8 @@ class Qwen3Engine(Engine):
         # The 0.6B CustomVoice model was not trained on instructions; the reference drops them too.
         instruct = None if self.ck.config.model_size == "0b6" else request.instructions
         speaker = None if design else request.voice
+        if self.runner is not None and self.runner.decoder.text_table is not None:
+            return self.prompts.plan(request.text, speaker=speaker, language=language, instruct=instruct), None
         return self.prompts.build(request.text, speaker=speaker, language=language, instruct=instruct), None
 
     @contextlib.contextmanager
@@ -271,7 +279,7 @@ class Qwen3Engine(Engine):
 
     def _frames(
         self,
-        prompt: Prompt,
+        prompt: Prompt | PromptPlan,
         params: SamplingParams,
         limit: int,
         priority: int,

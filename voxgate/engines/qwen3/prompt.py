@@ -2,6 +2,16 @@
 
 The prefill is a sequence of embeddings (text track + codec track summed per row); after it,
 each decode step adds the next "trailing" text embedding (streaming-text mode) or tts_pad.
+
+Two forms. `PromptBuilder.build` makes the embeddings at once, with the reference's order of
+operations (the parity tests hold it to the official implementation's codes exactly); cloned
+voices always take it. `PromptBuilder.plan` says the same prompt as token ids only, on the
+host: every row is one text token's projected embedding plus (or not) one codec token's, so
+the batch decoder turns all the plans it admits together into embeddings with two lookups in
+`TextTable` and the codec table (`BatchDecoder.admit_many`). Why: when many streams start at
+once, each building its prompt on the GPU from its own thread (a dozen small kernels and a
+wait per prompt) took 49-53 ms p50 of a first chunk on an H200 (BENCHMARKS.md, issue 17); a
+plan costs the tokenizer alone, and the GPU work is the runner's, one batch at a time.
 """
 
 from __future__ import annotations
@@ -10,6 +20,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
@@ -56,6 +67,84 @@ class Prompt:
     pad: torch.Tensor  # (1, H): fed once the trailing text is used up
     text_tokens: int = 0  # tokens of the text to speak (for the length guard)
 
+    @property
+    def length(self) -> int:
+        return self.embeds.shape[1]
+
+    @property
+    def trailing_rows(self) -> int:
+        return self.trailing.shape[1]
+
+
+NO_CODEC = -1  # a plan row with text only
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    """A prompt as ids: prefill row i is the projected embedding of text token `text[i]` plus the
+    codec embedding of `codec[i]` (none where it is `NO_CODEC`); `trailing` are the text tokens
+    fed one per decode step, `pad` the text token fed after them."""
+
+    text: np.ndarray  # (P,) int64
+    codec: np.ndarray  # (P,) int64
+    trailing: np.ndarray  # (N,) int64
+    pad: int
+    text_tokens: int = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.text)
+
+    @property
+    def trailing_rows(self) -> int:
+        return len(self.trailing)
+
+
+class TextTable:
+    """Every text token's projected embedding, computed once (the talker's text embedding and
+    projection applied to the whole vocabulary): a prompt's text rows become one lookup. The
+    projection is per token, so a row is what `Talker.text` gives for that token (up to the
+    rounding of a different matrix shape). Size: vocabulary x hidden (151,936 x 1024 in bf16,
+    311 MB, for 0.6B; 622 MB for 1.7B), built in well under a second on a GPU."""
+
+    CHUNK = 8192
+
+    def __init__(self, talker: Talker) -> None:
+        vocab = talker.model.text_embedding.num_embeddings
+        device = talker.codec_head.weight.device
+        with torch.inference_mode():
+            self.rows = torch.cat(
+                [
+                    talker.text(torch.arange(i, min(i + self.CHUNK, vocab), device=device))
+                    for i in range(0, vocab, self.CHUNK)
+                ]
+            )
+        codec = talker.model.codec_embedding.weight
+        # The codec table with one zero row last, where NO_CODEC points.
+        self.codec = torch.cat([codec.detach(), torch.zeros_like(codec[:1])])
+
+    @torch.inference_mode()
+    def prompts(self, plans: list[PromptPlan]) -> list[Prompt]:
+        """The plans as `Prompt`s, all of them in one host-to-device copy and two lookups (the
+        results are views of one tensor)."""
+        zero = len(self.codec) - 1
+        pieces = [p.text for p in plans] + [p.trailing for p in plans] + [np.array([p.pad]) for p in plans]
+        text = np.concatenate(pieces)
+        codec = np.concatenate(
+            [np.where(p.codec < 0, zero, p.codec) for p in plans]
+            + [np.full(len(x), zero) for x in pieces[len(plans) :]]
+        )
+        ids = torch.from_numpy(np.stack([text, codec]))
+        if self.rows.device.type == "cuda":  # without waiting for the GPU work queued before it
+            ids = ids.pin_memory().to(self.rows.device, non_blocking=True)
+        rows = (self.rows[ids[0]] + self.codec[ids[1]]).split([len(x) for x in pieces])
+        n = len(plans)
+        return [Prompt(rows[i][None], rows[n + i][None], rows[2 * n + i], p.text_tokens) for i, p in enumerate(plans)]
+
+    def materialize(self, plan: PromptPlan) -> Prompt:
+        """One plan as a `Prompt`."""
+        return self.prompts([plan])[0]
+
 
 class PromptBuilder:
     def __init__(self, cfg: Qwen3TTSConfig, tokenizer: Tokenizer, talker: Talker) -> None:
@@ -81,6 +170,9 @@ class PromptBuilder:
     def _ids(self, text: str) -> torch.Tensor:
         return torch.tensor([self.tokenizer.encode(text, add_special_tokens=False).ids], device=self._device())
 
+    def _token_ids(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
     def language_id(self, language: str | None, speaker: str | None) -> int | None:
         t = self.cfg.talker
         lang = (language or "auto").lower()
@@ -90,6 +182,70 @@ class PromptBuilder:
         if dialect and lang in ("chinese", "auto"):
             return t.language_ids[dialect]
         return None if lang == "auto" else t.language_ids[lang]
+
+    @staticmethod
+    def _speakable(text: str) -> str:
+        if not text.strip():
+            raise EmptyText("text is empty")
+        # A leading newline would merge with the template's into one token and shift the
+        # reference's fixed slicing (it mis-slices such texts); leading newlines carry no speech.
+        return text.lstrip("\r\n")
+
+    def _speaker_id(self, speaker: str) -> int:
+        t = self.cfg.talker
+        key = speaker.lower()
+        if key not in t.speaker_ids:
+            raise UnknownVoice(f"unknown speaker {speaker!r}; available: {', '.join(t.speaker_ids)}")
+        return t.speaker_ids[key]
+
+    def _tags(self, language: str | None, speaker: str | None) -> tuple[int, ...]:
+        """The codec track's opening: think (with the language) or no-think tags."""
+        t = self.cfg.talker
+        lang_id = self.language_id(language, speaker.lower() if speaker else None)
+        if lang_id is None:
+            return (t.codec_nothink_id, t.codec_think_bos_id, t.codec_think_eos_id)
+        return (t.codec_think_id, t.codec_think_bos_id, lang_id, t.codec_think_eos_id)
+
+    def plan(
+        self,
+        text: str,
+        *,
+        speaker: str | None = None,
+        language: str | None = None,
+        instruct: str | None = None,
+        stream_text: bool = False,
+    ) -> PromptPlan:
+        """`build`'s prompt for a CustomVoice speaker or a VoiceDesign instruction, as ids (no
+        GPU work): the same rows in the same order (tests/model/test_qwen3.py holds the two
+        together)."""
+        t = self.cfg.talker
+        text = self._speakable(text)
+        ids = self._token_ids(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
+        if len(ids) <= 8:
+            raise InvalidRequest("the text tokenizes to nothing")
+        text_ids: list[int] = []
+        codec_ids: list[int] = []
+
+        def add(texts: list[int], codecs: list[int] | None = None) -> None:
+            text_ids.extend(texts)
+            codec_ids.extend(codecs if codecs is not None else [NO_CODEC] * len(texts))
+
+        if instruct:
+            add(self._token_ids(f"<|im_start|>user\n{instruct}<|im_end|>\n"))
+        add(ids[:3])  # <|im_start|>assistant\n
+        speaker_ids = [self._speaker_id(speaker)] if speaker is not None else []
+        codec_seq = [*self._tags(language, speaker), *speaker_ids, t.codec_pad_id, t.codec_bos_id]
+        add([self.cfg.tts_pad_id] * (len(codec_seq) - 2) + [self.cfg.tts_bos_id], codec_seq[:-1])
+        body = ids[3:-5]
+        if stream_text:
+            add(body[:1], [t.codec_bos_id])
+            trailing = [*body[1:], self.cfg.tts_eos_id]
+        else:
+            add([*body, self.cfg.tts_eos_id], [t.codec_pad_id] * (len(body) + 1))
+            add([self.cfg.tts_pad_id], [t.codec_bos_id])
+            trailing = [self.cfg.tts_pad_id]
+        as_array = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
+        return PromptPlan(as_array(text_ids), as_array(codec_ids), as_array(trailing), self.cfg.tts_pad_id, len(body))
 
     @torch.inference_mode()
     def build(
@@ -113,11 +269,7 @@ class PromptBuilder:
         reference default for cloning).
         """
         t, talker = self.cfg.talker, self.talker
-        if not text.strip():
-            raise EmptyText("text is empty")
-        # A leading newline would merge with the template's into one token and shift the
-        # reference's fixed slicing (it mis-slices such texts); leading newlines carry no speech.
-        text = text.lstrip("\r\n")
+        text = self._speakable(text)
         ids = self._ids(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
         if ids.shape[1] <= 8:
             raise InvalidRequest("the text tokenizes to nothing")
@@ -127,19 +279,10 @@ class PromptBuilder:
         rows.append(talker.text(ids[:, :3])[0])  # <|im_start|>assistant\n
         speaker_row = None
         if speaker is not None:
-            key = speaker.lower()
-            if key not in t.speaker_ids:
-                raise UnknownVoice(f"unknown speaker {speaker!r}; available: {', '.join(t.speaker_ids)}")
-            speaker_row = self._codec((t.speaker_ids[key],))
+            speaker_row = self._codec((self._speaker_id(speaker),))
         elif speaker_embedding is not None:
             speaker_row = speaker_embedding.reshape(1, -1)
-        lang_id = self.language_id(language, speaker.lower() if speaker else None)
-        tags = (
-            [t.codec_think_id, t.codec_think_bos_id, lang_id, t.codec_think_eos_id]
-            if lang_id is not None
-            else [t.codec_nothink_id, t.codec_think_bos_id, t.codec_think_eos_id]
-        )
-        codec = [self._codec(tuple(tags))]
+        codec = [self._codec(self._tags(language, speaker))]
         if speaker_row is not None:
             codec.append(speaker_row)
         codec.append(self._codec((t.codec_pad_id, t.codec_bos_id)))

@@ -31,7 +31,7 @@ import numpy as np
 from voxgate.engines.qwen3.batch import Admission, BatchDecoder, PendingStep
 from voxgate.engines.qwen3.codec import DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
-from voxgate.engines.qwen3.prompt import Prompt
+from voxgate.engines.qwen3.prompt import Prompt, PromptPlan
 from voxgate.engines.qwen3.scheduler import Scheduler
 from voxgate.engines.qwen3.step_cost import StepCosts
 from voxgate.types import CancelToken, EngineFailure, ListenerClock
@@ -45,7 +45,7 @@ class Job:
     """One stream inside the runner."""
 
     stream_id: str
-    prompt: Prompt
+    prompt: Prompt | PromptPlan  # a plan is embedded by the decoder with the others admitted with it
     params: SamplingParams
     seed: int
     limit: int  # code-0 draws at most (the last draw yields no frame, as in the reference)
