@@ -4,8 +4,9 @@
 # fresh server (ROWS rows) runs `voxgate load` (SESSIONS sessions at 5 words/s, DURATION s); the
 # variant named `pyspy` runs the server under py-spy (sampling the threads that hold the GIL,
 # without pausing it) and writes collapsed stacks to $RES/pyspy-*.txt.
-# A variant is NAME or NAME:KEY=VALUE,KEY=VALUE (server environment, full names), e.g.
-#   VARIANTS="base pyspy sw1:VOXGATE_GIL_SWITCH_MS=1"
+# A variant is NAME or NAME:KEY=VALUE,KEY=VALUE (server environment, full names; TREE=DIR runs
+# the server from another voxgate tree, e.g. an older commit unpacked with `git archive`), e.g.
+#   VARIANTS="old1:TREE=/tmp/old new1 old2:TREE=/tmp/old new2 pyspy"
 # Usage: sh bench/gpu_profile.sh [seed] [model]; environment RES, ROWS (64), SESSIONS (64),
 # DURATION (20), VARIANTS ("base pyspy"), SRC (the server's tree, default this one).
 set -u
@@ -18,10 +19,12 @@ gpu_setup || exit 1
 for VARIANT in ${VARIANTS:-base pyspy}; do
     NAME=${VARIANT%%:*}
     ENVS=$(echo "${VARIANT#$NAME}" | sed 's/^://; s/,/ /g')
+    TREE=$SRC
+    for kv in $ENVS; do case $kv in TREE=*) TREE=${kv#TREE=} ;; esac; done
     RUN="python3 -m voxgate serve --port 8765"
     [ "$NAME" = pyspy ] && RUN="py-spy record --gil --nonblocking --rate 250 --format raw --threads \
         -o $RES/pyspy-$TAG-$NAME.txt -- $RUN"
-    (cd "$SRC" && exec env PYTHONPATH=$SRC VOXGATE_QWEN3_MODEL_DIR=/tmp/ckpt-$TAG-$SEED VOXGATE_QWEN3_DEVICE=cuda \
+    (cd "$TREE" && exec env PYTHONPATH=$TREE VOXGATE_QWEN3_MODEL_DIR=/tmp/ckpt-$TAG-$SEED VOXGATE_QWEN3_DEVICE=cuda \
         VOXGATE_QWEN3_DTYPE=bfloat16 VOXGATE_QWEN3_MAX_STREAMS=$ROWS VOXGATE_ENGINE=qwen3 \
         VOXGATE_MAX_STREAMS=512 VOXGATE_MAX_STREAMS_PER_CLIENT=512 VOXGATE_MAX_SESSIONS_PER_CLIENT=512 \
         VOXGATE_WS_MAX_SESSIONS=1024 VOXGATE_ADMIN_KEYS=bench-admin VOXGATE_TIMINGS_KEPT=100000 \
