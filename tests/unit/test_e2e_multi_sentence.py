@@ -64,7 +64,7 @@ def test_answered_once_is_one_reply_after_the_last_word(starts: list[float], onc
     assert judge.answered_once(starts, words_end=2.0) is once
 
 
-def test_the_answered_once_gate_is_the_share_of_multi_cases_and_warns_below_target() -> None:
+def test_the_answered_once_gate_is_the_share_of_multi_cases_and_fails_below_target() -> None:
     cases = [judge.CaseResult("a", "P0", answered_once=True), judge.CaseResult("b", "P0", answered_once=False),
              judge.CaseResult("c", "P0"), judge.CaseResult("d", "P1", answered_once=False)]  # fmt: skip
     values, where = judge.gate_values(cases, [], None)
@@ -72,6 +72,6 @@ def test_the_answered_once_gate_is_the_share_of_multi_cases_and_warns_below_targ
     result = next(
         r for r in judge.judge(values, where, read_config(GATES_FILE)) if r.name == "multi_answered_once_rate"
     )
-    assert result.status == "WARN"
+    assert result.status == "FAIL"
     values, where = judge.gate_values([judge.CaseResult("c", "P0")], [], None)
     assert values["multi_answered_once_rate"] is None  # no multi-sentence case ran: SKIP
