@@ -107,8 +107,10 @@ def _recording() -> CallRecording:
         rec.audio.append((t, loud if speaking else quiet))
     rec.said = [Said(0, 0.5, 2.2, 2.0), Said(1, 4.0, 6.2, 6.0)]
     rec.events = [(1.0, {"type": "call.started"}), (2.5, {"type": "reply.start", "trace_id": "c-1"}),
+                  (3.0, {"type": "reply.segment", "trace_id": "c-1", "index": 0}),
                   (4.3, {"type": "reply.end", "trace_id": "c-1", "status": "interrupted"}),
                   (7.0, {"type": "reply.start", "trace_id": "c-2"}),
+                  (8.0, {"type": "reply.segment", "trace_id": "c-2", "index": 0}),
                   (9.2, {"type": "reply.end", "trace_id": "c-2", "status": "completed"})]  # fmt: skip
     return rec
 

@@ -108,6 +108,15 @@ def test_latency_gates_fail_on_slow_stages_and_pass_on_fast_ones() -> None:
     assert {"llm_ttft_p95", "tts_first_to_publish_p95"} <= failing(run(HEARD, GOOD, marks=slow))
 
 
+def test_audio_held_on_purpose_is_not_the_tracks_delay() -> None:
+    """The controller held the reply's audio (the minimum gap after the user's voice) and released
+    it at 1550 ms: the track's own delay counts from there, not from the engine's first audio."""
+    held = {**MARKS, "audio_released": 1550.0, "first_frame_published": 1560.0}
+    assert metrics.measure(take(HEARD), "P0", (GOOD, RATE), held).tts_first_to_publish_ms == 10.0
+    early = {**MARKS, "audio_released": 1400.0}  # released before the first audio: no difference
+    assert metrics.measure(take(HEARD), "P0", (GOOD, RATE), early).tts_first_to_publish_ms == 10.0
+
+
 def test_primary_kpi_fails_on_a_regression_over_30_ms_only() -> None:
     reply = metrics.measure(take(HEARD, eot_ms=2000), "P0", (GOOD, RATE), MARKS)
     case = judge.CaseResult("case", "P0", attempts=1, audible=True)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from voxgate.regress import signals
-from voxgate.regress.e2e import judge
+from voxgate.regress.e2e import judge, probe
+from voxgate.regress.e2e.call import CallRecording, _turns_over
 from voxgate.regress.e2e.cases import CaseError, load_cases, select
 from voxgate.regress.e2e.runner import GATES_FILE
 from voxgate.regress.e2e.speech import join_sentences
@@ -75,3 +76,31 @@ def test_the_answered_once_gate_is_the_share_of_multi_cases_and_fails_below_targ
     assert result.status == "FAIL"
     values, where = judge.gate_values([judge.CaseResult("c", "P0")], [], None)
     assert values["multi_answered_once_rate"] is None  # no multi-sentence case ran: SKIP
+
+
+def _cut_unheard_then_answered() -> CallRecording:
+    """A reply started at the inner pause and cancelled before any audio went out (c-1), then
+    the answer (c-2), heard; frames every 20 ms, loud while c-2 plays."""
+    rec = CallRecording("multi_context", 1, call_id="c", record_rate=16000)
+    loud, quiet = np.full(320, 0.2, np.float32), np.zeros(320, np.float32)
+    rec.audio = [(0.02 * i, loud if 6.0 <= 0.02 * i < 7.0 else quiet) for i in range(500)]
+    rec.events = [(1.0, {"type": "call.started"}), (3.0, {"type": "reply.start", "trace_id": "c-1"}),
+                  (3.1, {"type": "turn.start", "trace_id": "c-2"}),
+                  (4.0, {"type": "reply.end", "trace_id": "c-1", "status": "interrupted", "heard": ""}),
+                  (5.5, {"type": "reply.start", "trace_id": "c-2"}),
+                  (6.0, {"type": "reply.segment", "trace_id": "c-2", "index": 0}),
+                  (7.2, {"type": "reply.end", "trace_id": "c-2", "status": "completed", "heard": "x"})]  # fmt: skip
+    return rec
+
+
+def test_a_reply_cut_before_any_audio_went_out_is_no_reply_and_its_turn_is_not_over() -> None:
+    rec = _cut_unheard_then_answered()
+    (take,) = probe.replies(rec)
+    assert take.trace_id == "c-2" and take.status == "completed"
+
+    class Bot:  # what the call waits on: the bot's events so far
+        events = rec.events[:4]
+
+    assert _turns_over(Bot()) == 0  # the unheard reply's end does not end the case's wait
+    Bot.events = rec.events
+    assert _turns_over(Bot()) == 1

@@ -66,9 +66,9 @@ from voxgate.types import VoxgateError
 if TYPE_CHECKING:
     from voxgate.agent.turn import TurnDecision
 
-# The marks of a TurnTrace, in their usual order.
+# The marks of a TurnTrace, in their usual order (audio_released: only after a HoldAudio).
 MARKS = ("vad_start", "vad_end", "stt_done", "llm_first_token", "first_segment", "tts_first_audio",
-         "first_frame_published", "playout_done", "cancel")  # fmt: skip
+         "audio_released", "first_frame_published", "playout_done", "cancel")  # fmt: skip
 BACKCHANNELS = frozenset({"uh-huh", "mm-hmm", "uh", "huh", "um", "hm", "hmm", "mm", "mhm", "ah", "oh",
                           "yeah", "yes", "yep", "ok", "okay", "right", "sure", "嗯", "嗯嗯", "对", "好"})  # fmt: skip
 # Words that open a question but are not one: a turn of these alone ("Hi there.", "Okay. So,",
@@ -406,6 +406,8 @@ class DuplexController:
         if want != self._holding:
             if self._holding is not None:
                 self._out.append(HoldAudio(self._holding, False))
+                if turn is not None and turn.trace_id == self._holding:  # the track's delay counts from here
+                    self._mark(turn, "audio_released", at, first=False)
             if want is not None:
                 self._out.append(HoldAudio(want, True))
             self._holding = want

@@ -104,7 +104,7 @@ def summarise(traces: list[dict[str, Any]], call: dict[str, Any]) -> dict[str, A
             [1000 * (t["marks"][stage] - t["marks"]["vad_end"]) for t in answered if stage in t["marks"]], 1
         )
     out["tts_first_audio_to_first_frame_ms"] = summary(
-        [1000 * (t["marks"]["first_frame_published"] - t["marks"]["tts_first_audio"]) for t in answered
+        [1000 * (t["marks"]["first_frame_published"] - _ready(t["marks"])) for t in answered
          if "tts_first_audio" in t["marks"]], 1)  # fmt: skip
     out["cancel_to_silence_ms"] = summary(
         [1000 * (t["marks"]["silence"] - t["marks"]["cancel"]) for t in traces
@@ -112,6 +112,12 @@ def summarise(traces: list[dict[str, Any]], call: dict[str, Any]) -> dict[str, A
     out["stuck_waits"] = call["stuck"]
     out["replies_below_rms_floor"] = sum(r <= AUDIBLE_RMS for r in call["reply_rms"])
     return out
+
+
+def _ready(marks: dict[str, float]) -> float:
+    """When the reply's audio could go out: its first TTS audio, or the controller's release of
+    audio it held on purpose (the minimum gap after the user's voice) if later."""
+    return max(marks["tts_first_audio"], marks.get("audio_released", marks["tts_first_audio"]))
 
 
 def _table(s: dict[str, Any]) -> str:

@@ -57,6 +57,21 @@ def _count(bot: Any, kinds: tuple[str, ...]) -> int:
     return sum(e.get("type") in kinds for _, e in bot.events)
 
 
+def unheard_replies(events: list[tuple[float, dict[str, Any]]]) -> set[str]:
+    """Replies cut before any of their audio went out (no `reply.segment`): nobody heard them,
+    and their turn goes on (the agent's words of it join the next turn), so they are no reply."""
+    sounded = {e.get("trace_id") for _, e in events if e.get("type") == "reply.segment"}
+    return {str(e.get("trace_id")) for _, e in events if e.get("type") == "reply.end"
+            and e.get("status") == "interrupted" and e.get("trace_id") not in sounded}  # fmt: skip
+
+
+def _turns_over(bot: Any) -> int:
+    """Turns that ended with a reply heard (or not cut) or were dropped."""
+    unheard = unheard_replies(bot.events)
+    ends = [e for _, e in bot.events if e.get("type") == "reply.end" and e.get("trace_id") not in unheard]
+    return len(ends) + _count(bot, ("turn.dropped",))
+
+
 def _audible_since(bot: Any, since: float) -> bool:
     """Checked on every frame while waiting: newest first, stopping at `since` (the loop's
     time is the probe's clock; a slow check would delay the frames it timestamps)."""
@@ -98,19 +113,18 @@ async def run_call(url: str, case: Case, utterances: list[Utterance], attempt: i
 
 
 async def _play(bot: Any, case: Case, utterances: list[Utterance], rec: CallRecording) -> None:
-    ended = ("reply.end", "turn.dropped")
     for i, (step, utt) in enumerate(zip(case.steps, utterances, strict=True)):
         if step.when == "over_reply":
             since = rec.said[-1].t_end
             if not await bot.wait_for(lambda s=since: _audible_since(bot, s), REPLY_TIMEOUT_S):
                 raise TimeoutError(f"step {i}: the agent never spoke, nothing to talk over")
         elif step.when == "after_reply":
-            if not await bot.wait_for(lambda n=i: _count(bot, ended) >= n, REPLY_TIMEOUT_S):
+            if not await bot.wait_for(lambda n=i: _turns_over(bot) >= n, REPLY_TIMEOUT_S):
                 raise TimeoutError(f"step {i}: reply {i} did not end")
             await asyncio.sleep(0.3)  # a breath between turns
         t_start = time.perf_counter()
         t_end = await bot.say(utt.samples, utt.sample_rate)
         rec.said.append(Said(i, t_start, t_end, t_end - (utt.duration_s - utt.speech_end_s)))
     want = case.expected_replies  # a dropped turn gets no reply: it counts as ended
-    if not await bot.wait_for(lambda: _count(bot, ended) >= want, REPLY_TIMEOUT_S):
+    if not await bot.wait_for(lambda: _turns_over(bot) >= want, REPLY_TIMEOUT_S):
         raise TimeoutError(f"{_count(bot, ('reply.end',))} of {want} replies ended")

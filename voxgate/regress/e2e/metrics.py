@@ -126,7 +126,10 @@ def latency(m: ReplyMetrics, take: ReplyTake, marks: dict[str, float] | None) ->
         return round(marks[b] - marks[a], 1) if a in marks and b in marks else None
 
     m.vad_end_to_published_ms = span("vad_end", "first_frame_published")
-    m.tts_first_to_publish_ms = span("tts_first_audio", "first_frame_published")
+    # the track's own delay: from the engine's first audio, or from the controller's release of
+    # audio it held on purpose (the minimum gap after the user's voice), whichever came later
+    ready = max((k for k in ("tts_first_audio", "audio_released") if k in marks), key=marks.__getitem__, default="")
+    m.tts_first_to_publish_ms = span(ready, "first_frame_published")
     m.llm_ttft_ms = span("stt_done", "llm_first_token")
     m.stt_ms = span("vad_end", "stt_done")
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from voxgate.regress import signals
-from voxgate.regress.e2e.call import AUDIBLE_RMS, END_PAD_S, CallRecording
+from voxgate.regress.e2e.call import AUDIBLE_RMS, END_PAD_S, CallRecording, unheard_replies
 
 MIN_AUDIBLE_S = 0.1  # a side "has audio" with this much of 20 ms frames above AUDIBLE_RMS
 
@@ -67,8 +67,10 @@ def _of(events: list[tuple[float, dict[str, Any]]], kind: str) -> list[tuple[flo
 
 
 def replies(rec: CallRecording) -> list[ReplyTake]:
-    """The call's replies in order, each with its slice of the recording."""
-    starts = _of(rec.events, "reply.start")
+    """The call's replies in order, each with its slice of the recording (none for a reply cut
+    before any of its audio went out: nobody heard it)."""
+    unheard = unheard_replies(rec.events)
+    starts = [(t, e) for t, e in _of(rec.events, "reply.start") if e.get("trace_id") not in unheard]
     ends = {e.get("trace_id"): t for t, e in _of(rec.events, "reply.end")}
     statuses = {e.get("trace_id"): e.get("status") for _, e in _of(rec.events, "reply.end")}
     out = []
