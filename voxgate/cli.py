@@ -41,7 +41,7 @@ def _logging(level: str) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from voxgate.runtime import loop_name
+    from voxgate.runtime import loop_name, set_switch_interval
     from voxgate.serving.app import create_app
     from voxgate.serving.auth import redact_secrets
     from voxgate.serving.lifecycle import drain
@@ -59,6 +59,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         fatal.append(reason)
         server.should_exit = True
 
+    set_switch_interval(settings.gil_switch_ms)
     app = create_app(settings, on_fatal=on_fatal, settle_heap_when_ready=settings.gc_freeze)
 
     class Server(uvicorn.Server):

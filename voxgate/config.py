@@ -138,6 +138,13 @@ class Settings(BaseSettings):
         True,
         description="voxgate serve: once ready, keep start-up's objects out of garbage collections (~100 -> ~5 ms).",
     )
+    gil_switch_ms: float = Field(
+        0.2,
+        gt=0,
+        le=100,
+        description="voxgate serve: how long a thread may hold Python's GIL while another waits for it, in ms "
+        "(Python's default is 5): the event loop gets it back sooner from engine threads.",
+    )
     timings_kept: int = Field(1000, ge=0, description="Recent request timings kept for GET /debug/timings.")
 
     llm_embedded: bool = Field(

@@ -4,6 +4,14 @@ Event loop: uvloop where installed (uvicorn picks it for the server by itself; `
 the same for our clients), asyncio's own otherwise. A load client on the faster loop adds
 less of its own time to the latencies it measures.
 
+Thread switching: a thread that wants the GIL waits until its holder drops it or is made to, after
+the switch interval (Python's default: 5 ms). A server's event loop drops the GIL at every socket
+wait and wants it back at once, while engine threads (one per stream, and the qwen3 runner) take
+turns at it; each hand-back can cost the loop up to the interval. `voxgate serve` shortens it
+(`VOXGATE_GIL_SWITCH_MS`, 0.2 ms): on an H100 with 64 streamed-text sessions on qwen3 the gateway's
+added first-audio time fell in every same-machine pair measured (p95 by 4-30 %; BENCHMARKS.md,
+issue 17), with no underruns added.
+
 Garbage collector: CPython's full collection walks every tracked object. In a server that
 has imported FastAPI, numpy, an engine and its voices that is ~100,000 objects and a 30-100
 ms pause of the event loop, which lands on whatever is being served then (a burst of first
@@ -18,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sys
 import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -52,3 +61,8 @@ def settle_heap() -> int:
     frozen = gc.get_freeze_count()
     log.info("heap settled: %d start-up objects frozen in %.0f ms", frozen, 1000 * (time.perf_counter() - started))
     return frozen
+
+
+def set_switch_interval(ms: float) -> None:
+    """How long a thread may hold the GIL while others wait (see the module)."""
+    sys.setswitchinterval(ms / 1000)

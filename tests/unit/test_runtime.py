@@ -2,8 +2,13 @@
 
 import asyncio
 import gc
+import sys
 
-from voxgate.runtime import loop_name, run, settle_heap
+import pytest
+from pydantic import ValidationError
+
+from voxgate.config import Settings
+from voxgate.runtime import loop_name, run, set_switch_interval, settle_heap
 
 
 def test_run_uses_the_loop_loop_name_reports():
@@ -26,3 +31,15 @@ def test_settle_heap_freezes_what_survives_a_collection():
     finally:
         gc.unfreeze()
     assert gc.get_freeze_count() == 0
+
+
+def test_the_switch_interval_is_set_in_ms_and_the_setting_defaults_below_pythons():
+    before = sys.getswitchinterval()
+    try:
+        set_switch_interval(0.5)
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(before)
+    assert Settings().gil_switch_ms < 5  # Python's own is 5 ms
+    with pytest.raises(ValidationError):
+        Settings(gil_switch_ms=0)
