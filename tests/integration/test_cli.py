@@ -7,6 +7,10 @@ import subprocess
 import sys
 import wave
 
+import pytest
+
+from voxgate.bench.server import ServerProcess
+
 
 def voxgate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -51,6 +55,27 @@ def test_bench_http_writes_json(tmp_path):
     assert tone["ten_words"]["server_ttfa_ms"]["n"] == 3
     assert tone["starter_hit"]["starter_hits"] == 3
     assert report["machine"]["cores"] >= 1
+    burst = tone["concurrent_3"]
+    audio = burst["audio_s"]["p50"] * 3  # the same sentence three times
+    assert burst["audio_s_per_s"] == pytest.approx(audio / burst["wall_s"], rel=0.03)  # both rounded
+
+
+def test_bench_http_times_a_server_already_running(tmp_path):
+    """`--url`: a server someone else started (e.g. replicas behind Ray's proxy); with its admin key
+    the server's own timings come too."""
+    out = tmp_path / "bench.json"
+    with ServerProcess("tone") as server:
+        key = server.env["VOXGATE_ADMIN_KEYS"].split(",")[0]
+        result = voxgate("bench", "http", "--engines", "tone", "--url", server.url, "--admin-key", key, "--n", "2",
+                         "--warmup", "0", "--concurrency", "2", "--output-json", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr + result.stdout
+    report = json.loads(out.read_text())
+    tone = report["results"]["tone"]
+    assert "startup_s" not in tone and f"--url {server.url}" in report["command"]
+    assert tone["ten_words"]["client_ttfa_ms"]["n"] == tone["ten_words"]["server_ttfa_ms"]["n"] == 2
+    assert tone["concurrent_2"]["audio_s_per_s"] > 0
+    two = voxgate("bench", "http", "--engines", "tone,piper", "--url", server.url)
+    assert two.returncode != 0 and "one running server" in two.stderr
 
 
 def test_bench_abuse_floods_as_another_client_and_writes_json(tmp_path):

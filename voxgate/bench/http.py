@@ -1,11 +1,12 @@
 """`voxgate bench http`: TTFA and RTF of real servers over loopback, written as JSON.
 
-For each engine it starts `voxgate serve` on a free port, warms it, then times sequential
-requests (client side, and server side from /debug/timings by request id): a plain
-sentence, the same sentence behind a starter-cache opener, and a burst of concurrent
-streams; with `--formats`, the plain sentence in each output format (what encoding as it
-streams adds to the first byte). Numbers are medians/percentiles; the first requests are
-untimed warm-up.
+For each engine it starts `voxgate serve` on a free port (or, with `--url`, uses a server
+already running there, e.g. several replicas behind Ray Serve's proxy), warms it, then times
+sequential requests (client side, and server side from /debug/timings by request id): a plain
+sentence, the same sentence behind a starter-cache opener, and a burst of concurrent streams
+(also as throughput: the audio of the whole burst over its wall time); with `--formats`, the
+plain sentence in each output format (what encoding as it streams adds to the first byte).
+Numbers are medians/percentiles; the first requests are untimed warm-up.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--formats", default="", help="also time the plain sentence in these formats, e.g. pcm,mp3,opus,aac,flac"
     )
+    parser.add_argument(
+        "--url", default=None, help="time the server already running at this base URL (one engine, its label)"
+    )
+    parser.add_argument("--admin-key", default=None, help="with --url: admin key for its /debug/timings")
     add_set_argument(parser)
     parser.add_argument("--output-json", default=None, help="where to write results (default bench/results/...)")
 
@@ -75,12 +80,15 @@ def _series(
     with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=concurrency + 2)) as client:
         for _ in range(warmup):
             time_request(client, url, text, f"warm-{uuid.uuid4().hex[:8]}", fmt)
+        started = time.perf_counter()
         if concurrency == 1:
             client_rows = [time_request(client, url, text, rid, fmt) for rid in ids]
         else:
             with ThreadPoolExecutor(concurrency) as pool:
                 client_rows = list(pool.map(lambda rid: time_request(client, url, text, rid, fmt), ids))
-        server_rows = _server_timings(client, url, ids, admin)
+        wall_s = time.perf_counter() - started
+        server_rows = _server_timings(client, url, ids, admin) if admin else []
+    audio = sum(r["audio_s"] for r in client_rows) if fmt == "pcm" else None
     return {
         "text": text,
         "format": fmt,
@@ -90,6 +98,8 @@ def _series(
         "server_rtf": summary([r["rtf"] for r in server_rows if r["rtf"] is not None], digits=4),
         "audio_s": summary([r["audio_s"] for r in (client_rows if fmt == "pcm" else server_rows)]),
         "starter_hits": sum(1 for r in server_rows if r["starter"]),
+        "wall_s": round(wall_s, 4),
+        "audio_s_per_s": round(audio / wall_s, 2) if audio is not None else None,  # the series' throughput
     }
 
 
@@ -100,33 +110,47 @@ def bench_engine(
     concurrency: int,
     settings: dict[str, str] | None = None,
     formats: tuple[str, ...] = (),
+    url: str | None = None,
+    admin_key: str | None = None,
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
+    if url is not None:
+        print(f"[{engine}] timing the server at {url}", flush=True)
+        admin = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
+        return _all_series(engine, url, n, warmup, concurrency, admin, formats)
     # A stream's slot is freed just after its response ends: twice the burst, so a request sent on the
     # heels of the last one is not refused while that slot is still being let go.
     limits = {"MAX_STREAMS": str(max(64, 2 * concurrency)), "MAX_STREAMS_PER_CLIENT": str(max(8, 2 * concurrency))}
     with ServerProcess(engine=engine, env={**limits, **(settings or {})}) as server:
         startup_s = time.perf_counter() - t0
         print(f"[{engine}] server ready in {startup_s:.1f} s at {server.url}", flush=True)
-        result: dict[str, Any] = {"startup_s": round(startup_s, 2)}
-        for name, text, conc in (
-            ("ten_words", TEN_WORDS, 1),
-            ("starter_hit", STARTER + SENTENCE, 1),
-            (f"concurrent_{concurrency}", SENTENCE, concurrency),
-        ):
-            print(f"[{engine}] {name}: {n} requests, concurrency {conc} ...", flush=True)
-            count = n if conc == 1 else max(n, conc)
-            result[name] = _series(server.url, text, count, warmup, conc, server.admin_headers())
-        for fmt in formats:
-            print(f"[{engine}] format {fmt}: {n} requests ...", flush=True)
-            result[f"format_{fmt}"] = _series(server.url, TEN_WORDS, n, warmup, 1, server.admin_headers(), fmt)
+        result = _all_series(engine, server.url, n, warmup, concurrency, server.admin_headers(), formats)
+        return {"startup_s": round(startup_s, 2), **result}
+
+
+def _all_series(
+    engine: str, url: str, n: int, warmup: int, concurrency: int, admin: dict[str, str], formats: tuple[str, ...]
+) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for name, text, conc in (
+        ("ten_words", TEN_WORDS, 1),
+        ("starter_hit", STARTER + SENTENCE, 1),
+        (f"concurrent_{concurrency}", SENTENCE, concurrency),
+    ):
+        print(f"[{engine}] {name}: {n} requests, concurrency {conc} ...", flush=True)
+        count = n if conc == 1 else max(n, conc)
+        result[name] = _series(url, text, count, warmup, conc, admin)
+    for fmt in formats:
+        print(f"[{engine}] format {fmt}: {n} requests ...", flush=True)
+        result[f"format_{fmt}"] = _series(url, TEN_WORDS, n, warmup, 1, admin, fmt)
     return result
 
 
 def _table(results: dict[str, Any]) -> str:
     lines = [
-        "| engine | series | conc | server TTFA p50 / p95 ms | client TTFA p50 ms | server RTF p50 | starter hits |",
-        "|---|---|---|---|---|---|---|",
+        "| engine | series | conc | server TTFA p50 / p95 ms | client TTFA p50 / p95 ms | server RTF p50 | audio-s/s | "
+        "starter hits |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for engine, series in results.items():
         for name, row in series.items():
@@ -134,25 +158,31 @@ def _table(results: dict[str, Any]) -> str:
                 continue
             s, c = row["server_ttfa_ms"], row["client_ttfa_ms"]
             lines.append(
-                f"| {engine} | {name} | {row['concurrency']} | {s['p50']} / {s['p95']} | {c['p50']} | "
-                f"{row['server_rtf']['p50']} | {row['starter_hits']}/{s['n']} |"
+                f"| {engine} | {name} | {row['concurrency']} | {s['p50']} / {s['p95']} | {c['p50']} / {c['p95']} | "
+                f"{row['server_rtf']['p50']} | {row['audio_s_per_s']} | {row['starter_hits']}/{s['n']} |"
             )
     return "\n".join(lines)
 
 
 def run_http_bench(args: argparse.Namespace) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if args.url and len(engines) != 1:
+        raise SystemExit("voxgate bench http: --url times one running server: name its engine alone in --engines")
     before = machine()
     settings = settings_env(args.set, "voxgate bench http")
     formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
-    results = {e: bench_engine(e, args.n, args.warmup, args.concurrency, settings, formats) for e in engines}
+    results = {
+        e: bench_engine(e, args.n, args.warmup, args.concurrency, settings, formats, args.url, args.admin_key)
+        for e in engines
+    }
     stamp = datetime.now(UTC)
     report = {
         "bench": "http",
         "date": stamp.isoformat(timespec="seconds"),
         "command": f"voxgate bench http --engines {args.engines} --n {args.n} --concurrency {args.concurrency}"
         + (f" --formats {args.formats}" if formats else "")
-        + "".join(f" --set {pair}" for pair in args.set),
+        + "".join(f" --set {pair}" for pair in args.set)
+        + (f" --url {args.url}" if args.url else ""),
         "machine": before,
         "load_avg_1m_after": machine()["load_avg_1m"],
         "results": results,
