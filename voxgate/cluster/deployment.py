@@ -32,6 +32,7 @@ from ray.serve.config import RequestRouterConfig
 from voxgate.cluster.board import cluster_router, report_forever
 from voxgate.cluster.router import ROUTER_PATH
 from voxgate.config import Settings
+from voxgate.runtime import set_switch_interval
 from voxgate.serving.app import create_app
 from voxgate.serving.lifecycle import drain
 
@@ -46,6 +47,7 @@ class VoxgateReplica:
 
     def __init__(self, settings: dict[str, Any]) -> None:
         self.settings = Settings(**settings)
+        set_switch_interval(self.settings.gil_switch_ms)  # a replica is a server process too (runtime.py)
         self.server: FastAPI | None = None
         self.replica = serve.get_replica_context().replica_tag
         self._tasks: list[asyncio.Task[None]] = []
