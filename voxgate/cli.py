@@ -171,6 +171,12 @@ def cmd_bench_abuse(args: argparse.Namespace) -> int:
     return run_abuse_bench(args)
 
 
+def cmd_bench_parity(args: argparse.Namespace) -> int:
+    from voxgate.bench.parity import run_parity_bench
+
+    return run_parity_bench(args)
+
+
 def cmd_bench_vad_stt(args: argparse.Namespace) -> int:
     from voxgate.bench.vad_stt import run_vad_stt_bench
 
@@ -316,6 +322,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_segmenter_arguments(segmenter)
     segmenter.set_defaults(func=cmd_bench_segmenter)
+
+    from voxgate.bench.parity import add_arguments as add_parity_arguments
+
+    parity = bench.add_parser("parity", help="qwen3 bf16 production path vs the official fp32 (teacher-forced KL, SNR)")
+    add_parity_arguments(parity)
+    parity.set_defaults(func=cmd_bench_parity)
 
     from voxgate.bench.load import add_arguments as add_load_arguments
 
