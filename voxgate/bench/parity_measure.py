@@ -164,9 +164,15 @@ def measure(
     tol = Tolerance()
     result["tolerance"] = asdict(tol)
     result["holds"] = verdict(result["voxgate"], result["official_bf16"], tol)
+    result["kl_ratio"] = {part: _ratio(result["voxgate"][part]["kl_mean"], result["official_bf16"][part]["kl_mean"])
+                          for part in ("code0", "predictor")}  # fmt: skip
     if "bucket" in result:
         result["holds"]["bucket"] = all(verdict(result["bucket"]["vs_fp32"], result["official_bf16"], tol).values())
     return result
+
+
+def _ratio(ours: float, yardstick: float) -> float | None:
+    return round(ours / yardstick, 3) if yardstick > 0 else None
 
 
 def _decoder(ck: Any, slots: int, frames: int) -> ForcedDecoder:

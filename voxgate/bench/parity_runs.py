@@ -64,6 +64,7 @@ def _stub(name: str) -> None:
 
     module = types.ModuleType(name)
     module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+
     def attribute(attr: str) -> Any:  # PEP 562: any name imported from it is the stand-in
         if attr.startswith("__"):
             raise AttributeError(attr)  # the import system's own probes (__path__, ...)
