@@ -19,7 +19,18 @@ from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
-from voxgate.bridge.cuts import CJK_RIGHT, CLAUSE, IDEOGRAPH, SENTENCE, Gap, scan, speakable, width
+from voxgate.bridge.cuts import (
+    CJK_RIGHT,
+    CLAUSE,
+    IDEOGRAPH,
+    SENTENCE,
+    SPAN_OPENERS,
+    Gap,
+    held_until,
+    scan,
+    speakable,
+    width,
+)
 from voxgate.bridge.segmenter import Segment, Segmenter, SegmenterConfig
 
 REPLIES_FILE = Path(__file__).with_name("replies.jsonl")
@@ -226,7 +237,7 @@ def _over_bounds(text: str, starter: Segment, config: SegmenterConfig) -> bool:
     full, cost = config.starter_max_words * config.starter_max_cjk, Segmenter(config).starter_cost
     if cost(starter.text) <= full:
         return False
-    boundaries, _, _ = scan(text, 0, True, config.max_span_chars, False)
+    boundaries, _, _ = scan(text, 0, True, config.max_span_chars, hold=config.max_hold_words)
     return any(
         len(head := text[: c.pos].strip()) >= config.min_chars and speakable(head) and cost(head) <= full
         for c in boundaries
@@ -238,16 +249,20 @@ def _starter_late(text: str, starter: Segment, config: SegmenterConfig, openers:
     """Whether the starter came out later than the text that decides it: streamed a character
     at a time, it must be out before `STARTER_LAG` characters past the boundary that decides
     it (the first after it that is a clause mark or past the bound: no longer starter fits)
-    have arrived."""
+    have arrived; after a span opener, past the words a span's closer may hold a boundary
+    (`max_hold_words`), no more."""
     end, full = len(starter.raw), config.starter_max_words * config.starter_max_cjk
     cost = Segmenter(config).starter_cost
-    boundaries, _, _ = scan(text, 0, True, config.max_span_chars, False)
+    boundaries, _, _ = scan(text, 0, True, config.max_span_chars, hold=config.max_hold_words)
     deciders = (c.pos for c in boundaries if c.pos > end and (c.gap >= Gap.CLAUSE or cost(text[: c.pos]) > full))
     decider = next(deciders, len(text))
+    due = decider + STARTER_LAG
+    for opener in (k for k in range(decider) if text[k] in SPAN_OPENERS):  # a span's closer may hold it a few words
+        due = max(due, held_until(text, opener, decider, config.max_span_chars, config.max_hold_words) + STARTER_LAG)
     segmenter = Segmenter(config, openers)
     for seen, ch in enumerate(text, 1):
         if segmenter.push(ch):
-            return seen > decider + STARTER_LAG
+            return seen > due
     return False
 
 

@@ -30,11 +30,16 @@ No cut falls inside:
 - short markup, bracketed and quoted spans: `code`, **bold**, [text](url), (a + b), [0, 1),
   short CJK quotes and titles (「…」, 《…》), quotations (“…”, ‘…’, and "…" where the `"`
   opens: at the start, after a space or an opening mark, before a non-space; a quotation may
-  run a third longer, inline code twice as long: a shell or SQL line). An opener whose closer
-  does not come within `max_span` characters is plain text: it holds the cut for a few words
-  at most, never the reply. A
-  `**` after a letter or digit is an operator (2**8), not bold; a ``` fence is not a span
-  (code blocks are cut at their line breaks);
+  run a third longer, inline code twice as long: a shell or SQL line); an opener whose closer
+  does not come within that limit is plain text. Holding is bounded: a boundary waits at most
+  `HOLD` (6) words after it for a closer (two CJK characters count a word; code twice as
+  many): a span closed within 6 words of its opener is whole, a longer one keeps only its last
+  6 words whole (a long quotation is speech, and may pause at its commas), so a stray `**`,
+  `[` or `"` delays a cut by 6 words at most, never the reply, and the starter by no more.
+  Six words are about 8 LLM tokens (0.1-0.2 s at 40-80 tokens/s), less than a starter's
+  audio: a held main cut is not heard, a held starter costs that much; a quoted error message
+  or title keeps its last clause whole. A `**` after a letter or digit is an operator (2**8),
+  not bold; a ``` fence is not a span (code blocks are cut at their line breaks);
 - a CJK word: a cut between two Chinese characters falls only at a word boundary of jieba
   (`rjieba`, jieba's Rust port: ~1.5 us per 10-character window; “加油” is one word), preferably
   where a phrase ends (after 的/了/吗..., before 和/是/我/这个...: `Gap.CHAR`; other word
@@ -57,6 +62,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from enum import IntEnum
+from functools import lru_cache
 from typing import NamedTuple
 
 import rjieba
@@ -66,6 +72,7 @@ rjieba.tag("预热")  # loads jieba's dictionary and tagger at import, not in th
 
 LOOKBACK = 64  # characters a decision may read before its gap (the word before it)
 CJK_LEFT, CJK_RIGHT = 6, 4  # the jieba window around a gap between two CJK characters
+HOLD = 6  # words (two CJK characters count one) a boundary may wait for a span's closer: see `scan`
 
 
 class Gap(IntEnum):
@@ -208,20 +215,57 @@ def _skip(text: str, i: int, chars: str | None) -> int:
 
 # ---------------------------------------------------------------------------- spans
 
-
-def _closing(text: str, closers: str, frm: int, limit: int, final: bool) -> int | None:
-    """The end of the first of `closers` in text[frm:limit] (a line break ends the search):
-    -1 if it cannot come, None if it may still."""
-    for i in range(frm, min(limit, len(text))):
-        if text[i] in closers:
-            return i + 1
-        if text[i] == "\n":
-            return -1
-    return -1 if final or limit <= len(text) else None
+LATER = -2  # `_span_end`: no closer within reach, but one may still come before the span's limit
 
 
-def _span_end(text: str, i: int, final: bool, cap: int) -> int | None:
-    """The end of the protected span opening at `i`; -1 if none opens there, None if undecided."""
+class ScanState(NamedTuple):
+    """What the scan carries from one call to the next besides where it stopped."""
+
+    fenced: bool = False  # inside a ``` code block
+    guards: tuple[int, ...] = ()  # openers of long spans whose closer has not come (innermost last)
+
+
+START = ScanState()
+_MAX_GUARDS = 3  # long spans open at once: a deeper opener is plain text (hostile "((((((" costs nothing)
+
+
+def _closer_pattern(closers: str) -> re.Pattern[str]:
+    return re.compile("[" + re.escape(closers) + "\n]")  # a line break ends the search
+
+
+_BRACKET_CLOSE = {opener: _closer_pattern(closers) for opener, closers in _BRACKETS.items()}
+_QUOTATION_CLOSE = {opener: _closer_pattern(closer) for opener, closer in _QUOTATIONS.items()}
+_QUOTE_CLOSE = {opener: _closer_pattern(closer) for opener, closer in _QUOTES.items()}
+
+
+def _missing(n: int, end: int, limit: int, final: bool) -> int | None:
+    """No closer in the text searched up to `end`: undecided if the text has not reached it,
+    -1 if no closer can come any more (the span's limit, or the stream's end), else LATER."""
+    if end > n:
+        return -1 if final else None
+    return -1 if end == limit else LATER
+
+
+def _closing(text: str, pattern: re.Pattern[str], frm: int, limit: int, upto: int, final: bool) -> int | None:
+    """The end of the first closer in text[frm:min(limit, upto)] (a line break: -1)."""
+    end = min(limit, upto)
+    found = pattern.search(text, frm, min(end, len(text)))
+    if found is not None:
+        return -1 if found.group() == "\n" else found.end()
+    return _missing(len(text), end, limit, final)
+
+
+def _token(text: str, token: str, frm: int, limit: int, upto: int, final: bool) -> int | None:
+    """The end of the first `token` (`` ` ``, ``**``) in text[frm:min(limit, upto)]."""
+    end = min(limit, upto)
+    found = text.find(token, frm, end)
+    return found + len(token) if found >= 0 else _missing(len(text), end, limit, final)
+
+
+def _span_end(text: str, i: int, final: bool, cap: int, upto: int) -> int | None:
+    """The end of the protected span opening at `i` if its closer ends by `upto`; -1 if none
+    opens there (or its closer cannot come within the span's limit), LATER if it may still
+    come after `upto`, None if the text so far cannot tell."""
     n, ch = len(text), text[i]
     if ch == "`":
         ticks = _skip(text, i, "`") - i
@@ -229,22 +273,15 @@ def _span_end(text: str, i: int, final: bool, cap: int) -> int | None:
             return None
         if ticks >= 3:
             return -1  # a code fence (the scan steps over it)
-        limit = i + 2 * cap  # code runs longer than prose markup (a shell or SQL line)
-        found = text.find("`" * ticks, i + ticks, limit)
-        if found >= 0:
-            return found + ticks
-        return -1 if final or limit <= n else None
+        return _token(text, "`" * ticks, i + ticks, i + 2 * cap, upto, final)  # code runs longer (a shell line)
     if ch == "*":
         if i + 2 >= n:
             return -1 if final else None
         if text[i + 1] != "*" or text[i + 2].isspace() or (i > 0 and text[i - 1].isascii() and text[i - 1].isalnum()):
             return -1  # a lone star, or 2**8
-        found = text.find("**", i + 2, i + cap)
-        if found >= 0:
-            return found + 2
-        return -1 if final or i + cap <= n else None
+        return _token(text, "**", i + 2, i + cap, upto, final)
     if ch in _BRACKETS:
-        return _closing(text, _BRACKETS[ch], i + 1, i + cap, final)
+        return _closing(text, _BRACKET_CLOSE[ch], i + 1, i + cap, upto, final)
     if ch in _QUOTATIONS:
         if ch == '"':
             if i + 1 == n:
@@ -252,31 +289,107 @@ def _span_end(text: str, i: int, final: bool, cap: int) -> int | None:
             before = text[i - 1] if i else " "
             if text[i + 1].isspace() or not (before.isspace() or before in _OPENS_QUOTE or is_ideograph(before)):
                 return -1  # a closing quote, or 12" (inches)
-        return _closing(text, _QUOTATIONS[ch], i + 1, i + cap + cap // 3, final)  # a quoted message runs long
-    return _closing(text, _QUOTES[ch], i + 1, i + _QUOTE_SPAN, final)
+        return _closing(text, _QUOTATION_CLOSE[ch], i + 1, i + cap + cap // 3, upto, final)  # a message runs long
+    return _closing(text, _QUOTE_CLOSE[ch], i + 1, i + _QUOTE_SPAN, upto, final)
 
 
-_SPAN_OPENERS = "`*" + "".join(_BRACKETS) + "".join(_QUOTES) + "".join(_QUOTATIONS)
+@lru_cache(maxsize=8)
+def _words(count: int) -> re.Pattern[str]:
+    """`count` words, each complete (the character after it has come): a run of non-space
+    characters ended by a space or a CJK character, or two CJK characters (about a word's
+    syllables) with the marks after them (one where a non-CJK character follows)."""
+    cjk, inner = IDEOGRAPH.pattern, IDEOGRAPH.pattern[1:-1]
+    marks = re.escape(_MARKS)
+    word = (
+        f"(?:(?:{cjk}{cjk}|{cjk}(?=[^{inner}]))[{marks}]*(?:\\s+|(?=[^\\s{marks}]))|[^\\s{inner}]+(?:\\s+|(?={cjk})))"
+    )
+    return re.compile(f"{word}{{{count}}}")
+
+
+def held_until(text: str, opener: int, p: int, cap: int, hold: int) -> int:
+    """Where the closer of the span opened at `opener` must end to hold a boundary at `p`:
+    within `hold` words after it (`_words`: two CJK characters count one) and `cap`
+    characters; for code twice both (a command's words are longer than prose's)."""
+    if text[opener] == "`":
+        hold, cap = 2 * hold, 2 * cap
+    found = _words(hold).match(text, p, p + cap)
+    return p + cap if found is None else found.end()
+
+
+def _guarded(text: str, guards: tuple[int, ...], p: int, final: bool, cap: int, hold: int):
+    """Whether a cut at `p` falls inside a long span still open at the scan: None if the text
+    cannot tell yet; (outer guards, end) if the span opened at a guard closes at `end` within
+    its hold after `p` (no cut: the scan jumps to `end`); else (the guards still open, None)."""
+    alive: list[int] = []
+    for k in range(len(guards) - 1, -1, -1):  # innermost first
+        opener = guards[k]
+        end = _span_end(text, opener, final, cap, held_until(text, opener, p, cap, hold))
+        if end is None:
+            return None
+        if end > p:
+            return guards[:k], end
+        if end == LATER:  # not this cut's, maybe a later one's
+            alive.append(opener)
+        # else: closed before `p`, or can no longer close: no longer a guard
+    return tuple(reversed(alive)), None
+
+
+SPAN_OPENERS = "`*" + "".join(_BRACKETS) + "".join(_QUOTES) + "".join(_QUOTATIONS)
 
 
 # ---------------------------------------------------------------------------- the scan
 
 
-def scan(text: str, at: int, final: bool, cap: int, fenced: bool, judge_from: int = 0) -> tuple[list[Cut], int, bool]:
+class _Settled(NamedTuple):
+    cuts: list[Cut]  # the boundaries kept
+    jump: int | None  # where the scan goes on (past a span's closer); None: after the boundary
+    guards: tuple[int, ...]
+
+
+def _settle(text: str, cut: Cut, guards: tuple[int, ...], final: bool, cap: int, hold: int) -> _Settled | None:
+    """A boundary found while long spans are open: kept, or inside a span that closes within
+    its hold after it (dropped: the scan jumps past the closer, and the gap after a closing
+    mark is judged as after any span); None if the text cannot tell yet."""
+    jump = None
+    while guards:
+        found = _guarded(text, guards, cut.pos, final, cap, hold)
+        if found is None:
+            return None
+        guards, end = found
+        if end is None:
+            break
+        if end == len(text) and not final:
+            return None  # the gap after the span is not known yet
+        jump = end
+        gap = None
+        if text[end - 1] in _CLOSERS and end < len(text) and not text[end].isspace():
+            gap = classify(text, end, end)
+        if gap is None:
+            return _Settled([], jump, guards)
+        cut = Cut(end, gap)  # “可以。”然后, which an outer span may still hold
+    return _Settled([cut], jump, guards)
+
+
+def scan(
+    text: str, at: int, final: bool, cap: int, state: ScanState = START, judge_from: int = 0, hold: int = HOLD
+) -> tuple[list[Cut], int, ScanState]:
     """Boundaries in text[at:], where the scan stopped
     (len(text), or the first place that later text could still change: resume there), and
-    whether that place is inside a ``` code block (`fenced`: whether `at` is). A code block
-    is cut only at its line breaks. Gaps between two CJK characters before `judge_from` are
-    not judged (no cut): the caller knows no choice can take them, and judging one costs a
-    jieba call."""
+    the state there (`state`: the state at `at`). A code block is cut only at its line
+    breaks. A span that closes within `hold` characters of its opener (twice that for code)
+    is stepped over whole; a longer one (up to its limit) has no boundary within `hold` of
+    its closer: no boundary waits more than `hold` characters for a closer. Gaps between two
+    CJK characters before `judge_from` are not judged (no cut): the caller knows no choice
+    can take them, and judging one costs a jieba call."""
     n, cuts, i = len(text), [], at
+    fenced, guards = state
     while i < n:
         ch = text[i]
         run = _skip(text, i, "`") if ch == "`" else i
         if run - i >= 3:
             if run == n and not final:
                 break
-            i, fenced = run, not fenced
+            i, fenced, guards = run, not fenced, ()
             continue
         if fenced:
             if ch == "`" and run == n and not final:
@@ -291,19 +404,21 @@ def scan(text: str, at: int, final: bool, cap: int, fenced: bool, judge_from: in
                 cuts.append(Cut(end, Gap.SENTENCE))
             i = end
             continue
-        if ch in _SPAN_OPENERS:
-            end = _span_end(text, i, final, cap)
+        found, after, resume = None, i + 1, i  # a boundary, where the scan goes on, where it resumes if undecided
+        if ch in SPAN_OPENERS and (end := _span_end(text, i, final, cap, held_until(text, i, i + 1, cap, hold))) != -1:
             if end is None:
                 break
-            if end > i:
-                if end == n and not final:
-                    break  # the gap after the span is not known yet
-                closes = text[end - 1] in _CLOSERS  # a quote or bracket, not `code` or **bold**
-                if closes and end < n and not text[end].isspace() and (gap := classify(text, end, end)):
-                    cuts.append(Cut(end, gap))  # “可以。”然后
-                i = end
+            if end == LATER:  # a long span, maybe: its closer decides the boundaries near it
+                if len(guards) < _MAX_GUARDS:
+                    guards += (i,)
+                i += 1
                 continue
-        if ch.isspace():
+            if end == n and not final:
+                break  # the gap after the span is not known yet
+            if text[end - 1] in _CLOSERS and end < n and not text[end].isspace() and (gap := classify(text, end, end)):
+                found = Cut(end, gap)  # a quote or bracket closed, not `code` or **bold**: “可以。”然后
+            after = end
+        elif ch.isspace():
             end = _skip(text, i, None)
             if end == n and not final:
                 break
@@ -317,46 +432,65 @@ def scan(text: str, at: int, final: bool, cap: int, fenced: bool, judge_from: in
                 and _citation(text[max(i - LOOKBACK, 0) : i].rstrip(_TRAILING), text, end, True)
             ):
                 break  # "Fed. R" may become "Fed. R. Civ."
-            if gap is not None:
-                cuts.append(Cut(end, gap))
-            i = end
+            found, after = (None if gap is None else Cut(end, gap)), end
         elif ch in SENTENCE or ch in CLAUSE:
             end = _skip(text, _skip(text, i, SENTENCE + CLAUSE), _CLOSERS)
             if end == n and not final:
                 break
             if end < n and not text[end].isspace() and (gap := classify(text, end, end)):
-                cuts.append(Cut(end, gap))
-            i = end
+                found = Cut(end, gap)
+            after = end
         else:
             if i + 1 == n and not final:
                 break  # the gap after this character is not known yet
             if is_ideograph(ch):  # a run of CJK characters: the gaps inside it
-                i, stopped = _cjk_run(text, i, final, cuts, judge_from)
+                last, stopped, found = _cjk_run(text, i, final, cuts, judge_from, guards, cap, hold)
                 if stopped:
+                    i = last
                     break
-            i += 1
-    return cuts, i, fenced
+                after, resume = last + 1, last
+        if found is not None and guards:
+            settled = _settle(text, found, guards, final, cap, hold)
+            if settled is None:
+                i = resume
+                break
+            cuts += settled.cuts
+            guards = settled.guards
+            after = after if settled.jump is None else settled.jump
+        elif found is not None:
+            cuts.append(found)
+        i = after
+    return cuts, i, ScanState(fenced, guards)
 
 
-def _cjk_run(text: str, i: int, final: bool, cuts: list[Cut], judge_from: int = 0) -> tuple[int, bool]:
+def _cjk_run(
+    text: str, i: int, final: bool, cuts: list[Cut], judge_from: int, guards: tuple[int, ...], cap: int, hold: int
+) -> tuple[int, bool, Cut | None]:
     """Judge the gaps of the CJK run starting at `i` (from `judge_from`): (its last character,
-    or where a gap is undecided, and whether the scan must stop there). The run's bounds and
-    whether it has kana are found once here, not per gap."""
+    or the one before the gap where it stopped, whether the scan must stop there, and the gap
+    there if a long span holds it: the caller settles it). The run's bounds and whether it has
+    kana are found once here, not per gap."""
     end = _IDEOGRAPHS.match(text, i).end()
     first = max(i + 1, judge_from)
     if first >= end:
-        return end - 1, end == len(text) and not final
+        return end - 1, end == len(text) and not final, None
     start = _IDEOGRAPHS_END.search(text, max(first - CJK_LEFT, 0), first).start()
     kana = _KANA.search(text, start, end) is not None
     n = len(text)
     for q in range(first, end):
         right = min(end, q + CJK_RIGHT)
         if not final and ((right == n and right < q + CJK_RIGHT) or q + 3 > n):
-            return q - 1, True  # undecided: the characters after the gap have not all arrived
+            return q - 1, True, None  # undecided: the characters after the gap have not all arrived
+        if guards:  # before jieba: a held gap costs no call
+            held = _guarded(text, guards, q, final, cap, hold)
+            if held is None:
+                return q - 1, True, None
+            if held[1] is not None:
+                return q - 1, False, Cut(q, Gap.LEXICAL)
         verdict = _cjk_gap(text, q, max(start, q - CJK_LEFT), right, kana)
         if verdict is not False:
             cuts.append(Cut(q, verdict))
-    return end - 1, end == len(text) and not final
+    return end - 1, end == len(text) and not final, None
 
 
 def _pending_after_space(text: str, i: int, end: int) -> bool:

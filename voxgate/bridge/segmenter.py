@@ -54,7 +54,20 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, NamedTuple
 
-from voxgate.bridge.cuts import CLAUSE, SENTENCE, Cut, Gap, ideographs_only, scan, skip_space, speakable, width
+from voxgate.bridge.cuts import (
+    CLAUSE,
+    HOLD,
+    SENTENCE,
+    START,
+    Cut,
+    Gap,
+    ScanState,
+    ideographs_only,
+    scan,
+    skip_space,
+    speakable,
+    width,
+)  # fmt: skip
 from voxgate.text import count_units, is_cjk_char
 
 Kind = Literal["starter", "main", "final"]
@@ -73,6 +86,7 @@ class SegmenterConfig:
     second_max_width: int = 40  # the segment after the starter: speakable before the starter's audio runs out
     cjk_flush_units: int = 12
     max_span_chars: int = 48  # markup or brackets not closed within this many characters are plain text
+    max_hold_words: int = HOLD  # a boundary waits at most this many words for a span's closer (code: twice)
 
     def __post_init__(self) -> None:
         if min(self.starter_max_words, self.starter_max_cjk, self.min_chars, self.cjk_flush_units) < 1:
@@ -83,6 +97,8 @@ class SegmenterConfig:
             raise ValueError("need second_max_width >= min_chars")
         if self.max_span_chars < 2:
             raise ValueError("max_span_chars must be at least 2")
+        if self.max_hold_words < 1:
+            raise ValueError("max_hold_words must be positive")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +151,7 @@ class Segmenter:
         self._judged: tuple[int, int | None, int | None, bool] = (0, None, None, False)  # _choose_main's place
         self._scanned = 0  # where the scan resumes
         self._seen = -1  # the length of the text at the last scan
-        self._fenced = False  # inside a ``` block at `_scanned`
+        self._state: ScanState = START  # at `_scanned`: inside a ``` block, long spans open
         self._fresh = False  # boundaries kept from the last segment's scan wait for a choice
         self._starter_costs: list[int | None] = []  # per cut of the starter: its cost, None if too short
 
@@ -170,6 +186,8 @@ class Segmenter:
             drop = self._start - self.KEEP
             self._text, self._start, self._scanned = self._text[drop:], self._start - drop, self._scanned - drop
             self._seen -= drop
+            fenced, guards = self._state  # an opener still open lies within a span's limit of the scan
+            self._state = ScanState(fenced, tuple(g - drop for g in guards if g >= drop))
             kept = [Cut(cut.pos - drop, cut.gap) for cut in kept]
         self._judged = (0, None, None, False)
         if cut_here:  # the sizes of what is kept, from the cut emitted: subtract, no text measured again
@@ -188,7 +206,8 @@ class Segmenter:
         if final or len(text) != self._seen:  # after a cut in the same push the scan would stop where it did
             judge_from = self._start + self._blind if self._index else 0  # gaps no main choice can take: not judged
             cap = self.config.max_span_chars
-            found, self._scanned, self._fenced = scan(text, self._scanned, final, cap, self._fenced, judge_from)
+            hold = self.config.max_hold_words
+            found, self._scanned, self._state = scan(text, self._scanned, final, cap, self._state, judge_from, hold)
             self._seen = len(text)
             self._measure(found)
         if not (found or self._fresh or final):
