@@ -76,3 +76,9 @@ def run_parity_bench(args: argparse.Namespace) -> int:
               "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None, **result}  # fmt: skip
     write_report(report, "parity", datetime.now(UTC), args.output_json, table(result))
     return 0 if all(result["holds"].values()) else 1
+
+
+if __name__ == "__main__":  # `python -m voxgate.bench.parity`: with the parity bundle alone (bench/gpu_parity.sh)
+    parser = argparse.ArgumentParser(prog="voxgate bench parity", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    raise SystemExit(run_parity_bench(parser.parse_args()))
