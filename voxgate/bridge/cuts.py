@@ -238,12 +238,14 @@ _QUOTATION_CLOSE = {opener: _closer_pattern(closer) for opener, closer in _QUOTA
 _QUOTE_CLOSE = {opener: _closer_pattern(closer) for opener, closer in _QUOTES.items()}
 
 
-def _missing(n: int, end: int, limit: int, final: bool) -> int | None:
-    """No closer in the text searched up to `end`: undecided if the text has not reached it,
-    -1 if no closer can come any more (the span's limit, or the stream's end), else LATER."""
-    if end > n:
+def _missing(n: int, limit: int, upto: int, final: bool) -> int | None:
+    """No closer in the text searched (up to `upto` and the span's `limit`): undecided until the
+    text has reached `upto`, even past the limit (each boundary is decided when its own words
+    have come, not all of a long span's at once at its limit); then -1 if no closer can come
+    any more, else LATER."""
+    if upto > n:
         return -1 if final else None
-    return -1 if end == limit else LATER
+    return -1 if limit <= upto else LATER
 
 
 def _closing(text: str, pattern: re.Pattern[str], frm: int, limit: int, upto: int, final: bool) -> int | None:
@@ -252,14 +254,27 @@ def _closing(text: str, pattern: re.Pattern[str], frm: int, limit: int, upto: in
     found = pattern.search(text, frm, min(end, len(text)))
     if found is not None:
         return -1 if found.group() == "\n" else found.end()
-    return _missing(len(text), end, limit, final)
+    return _missing(len(text), limit, upto, final)
 
 
 def _token(text: str, token: str, frm: int, limit: int, upto: int, final: bool) -> int | None:
-    """The end of the first `token` (`` ` ``, ``**``) in text[frm:min(limit, upto)]."""
+    """The end of the first `token` (``**``) in text[frm:min(limit, upto)]."""
     end = min(limit, upto)
     found = text.find(token, frm, end)
-    return found + len(token) if found >= 0 else _missing(len(text), end, limit, final)
+    return found + len(token) if found >= 0 else _missing(len(text), limit, upto, final)
+
+
+_TICK_RUNS = {1: re.compile("(?<!`)`(?!`)"), 2: re.compile("(?<!`)``(?!`)")}  # a run of exactly that many
+
+
+def _ticks(text: str, ticks: int, frm: int, limit: int, upto: int, final: bool) -> int | None:
+    """The end of the first run of exactly `ticks` backticks in text[frm:min(limit, upto)] (not
+    the start of a fence: a run at the end of the text may still grow)."""
+    end, n = min(limit, upto), len(text)
+    found = _TICK_RUNS[ticks].search(text, frm, min(end + 1, n))
+    if found is not None and found.end() <= end:
+        return None if found.end() == n and not final else found.end()
+    return _missing(n, limit, upto, final)
 
 
 def _span_end(text: str, i: int, final: bool, cap: int, upto: int) -> int | None:
@@ -273,7 +288,7 @@ def _span_end(text: str, i: int, final: bool, cap: int, upto: int) -> int | None
             return None
         if ticks >= 3:
             return -1  # a code fence (the scan steps over it)
-        return _token(text, "`" * ticks, i + ticks, i + 2 * cap, upto, final)  # code runs longer (a shell line)
+        return _ticks(text, ticks, i + ticks, i + 2 * cap, upto, final)  # code runs longer (a shell line)
     if ch == "*":
         if i + 2 >= n:
             return -1 if final else None
@@ -317,24 +332,30 @@ def held_until(text: str, opener: int, p: int, cap: int, hold: int) -> int:
 
 
 def _guarded(text: str, guards: tuple[int, ...], p: int, final: bool, cap: int, hold: int):
-    """Whether a cut at `p` falls inside a long span still open at the scan: None if the text
-    cannot tell yet; (outer guards, end) if the span opened at a guard closes at `end` within
-    its hold after `p` (no cut: the scan jumps to `end`); else (the guards still open, None)."""
-    alive: list[int] = []
-    for k in range(len(guards) - 1, -1, -1):  # innermost first
-        opener = guards[k]
+    """Whether a cut at `p` falls inside a span still open at the scan: None if the text cannot
+    tell yet; (the guards outside it, end) if a span closes at `end` within its hold after `p`
+    (the first to close: no cut, the scan jumps to `end` as if it had walked there); else (the
+    guards still open, None)."""
+    alive, first, outside = [], None, guards
+    for k, opener in enumerate(guards):
         end = _span_end(text, opener, final, cap, held_until(text, opener, p, cap, hold))
         if end is None:
             return None
-        if end > p:
-            return guards[:k], end
-        if end == LATER:  # not this cut's, maybe a later one's
+        if end > p and (first is None or end < first):
+            first, outside = end, guards[:k]
+        elif end == LATER:  # not this cut's, maybe a later one's
             alive.append(opener)
         # else: closed before `p`, or can no longer close: no longer a guard
-    return tuple(reversed(alive)), None
+    return (outside, first) if first is not None else (tuple(alive), None)
+
+
+def _alive(text: str, guards: tuple[int, ...], i: int, cap: int) -> tuple[int, ...]:
+    """The guards whose span may still close after `i` (decided by the text before it alone)."""
+    return tuple(g for g in guards if _span_end(text, g, True, cap, i) == LATER)
 
 
 SPAN_OPENERS = "`*" + "".join(_BRACKETS) + "".join(_QUOTES) + "".join(_QUOTATIONS)
+_CLOSING = frozenset(_CLOSERS + "`*}")  # characters that may close a span
 
 
 # ---------------------------------------------------------------------------- the scan
@@ -405,19 +426,30 @@ def scan(
             i = end
             continue
         found, after, resume = None, i + 1, i  # a boundary, where the scan goes on, where it resumes if undecided
-        if ch in SPAN_OPENERS and (end := _span_end(text, i, final, cap, held_until(text, i, i + 1, cap, hold))) != -1:
-            if end is None:
+        opened, closed = guards, False  # the spans open before this step (kept if it must wait)
+        if guards and ch in _CLOSING:  # a span may close here (the innermost first)
+            end, k = None, len(guards)
+            while k > 0 and (end := _span_end(text, guards[k - 1], final, cap, i + 2)) is not None and end <= i:
+                k -= 1  # not here (closed before, or later, or never)
+            if k > 0 and end is None:
                 break
-            if end == LATER:  # a long span, maybe: its closer decides the boundaries near it
-                if len(guards) < _MAX_GUARDS:
-                    guards += (i,)
-                i += 1
-                continue
-            if end == n and not final:
-                break  # the gap after the span is not known yet
-            if text[end - 1] in _CLOSERS and end < n and not text[end].isspace() and (gap := classify(text, end, end)):
-                found = Cut(end, gap)  # a quote or bracket closed, not `code` or **bold**: “可以。”然后
-            after = end
+            if k > 0:
+                if end == n and not final:
+                    break  # the gap after the span is not known yet
+                guards, closed = guards[: k - 1], True
+                if text[end - 1] in _CLOSERS and end < n and not text[end].isspace():
+                    found = Cut(end, gap) if (gap := classify(text, end, end)) else None  # “可以。”然后
+                after = end
+        if not closed and ch in SPAN_OPENERS and (kind := _span_end(text, i, final, cap, i + 1)) != -1:
+            if kind is None:
+                break  # the character after it tells (a closing quote, 2**8, a fence)
+            guards = _alive(text, guards, i, cap)
+            if len(guards) < _MAX_GUARDS:
+                guards += (i,)  # its closer decides the boundaries within `hold` words before it
+            i = _skip(text, i, "`") if ch == "`" else i + 2 if ch == "*" else i + 1
+            continue
+        if closed:
+            pass  # a span closed here: its boundary, if any, is settled below
         elif ch.isspace():
             end = _skip(text, i, None)
             if end == n and not final:
@@ -452,7 +484,7 @@ def scan(
         if found is not None and guards:
             settled = _settle(text, found, guards, final, cap, hold)
             if settled is None:
-                i = resume
+                i, guards = resume, opened
                 break
             cuts += settled.cuts
             guards = settled.guards
@@ -469,9 +501,11 @@ def _cjk_run(
     """Judge the gaps of the CJK run starting at `i` (from `judge_from`): (its last character,
     or the one before the gap where it stopped, whether the scan must stop there, and the gap
     there if a long span holds it: the caller settles it). The run's bounds and whether it has
-    kana are found once here, not per gap."""
+    kana are found once here, not per gap. With spans open, the gaps before `judge_from` are
+    checked against them too (no jieba call): where the scan jumps to a closer must not depend
+    on where the segment began."""
     end = _IDEOGRAPHS.match(text, i).end()
-    first = max(i + 1, judge_from)
+    first = i + 1 if guards else max(i + 1, judge_from)
     if first >= end:
         return end - 1, end == len(text) and not final, None
     start = _IDEOGRAPHS_END.search(text, max(first - CJK_LEFT, 0), first).start()
@@ -479,7 +513,8 @@ def _cjk_run(
     n = len(text)
     for q in range(first, end):
         right = min(end, q + CJK_RIGHT)
-        if not final and ((right == n and right < q + CJK_RIGHT) or q + 3 > n):
+        judged = q >= judge_from
+        if judged and not final and ((right == n and right < q + CJK_RIGHT) or q + 3 > n):
             return q - 1, True, None  # undecided: the characters after the gap have not all arrived
         if guards:  # before jieba: a held gap costs no call
             held = _guarded(text, guards, q, final, cap, hold)
@@ -487,6 +522,8 @@ def _cjk_run(
                 return q - 1, True, None
             if held[1] is not None:
                 return q - 1, False, Cut(q, Gap.LEXICAL)
+        if not judged:
+            continue
         verdict = _cjk_gap(text, q, max(start, q - CJK_LEFT), right, kana)
         if verdict is not False:
             cuts.append(Cut(q, verdict))
