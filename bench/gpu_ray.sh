@@ -7,14 +7,18 @@
 # Wheels: .gpu/ (bench/gpu_bundle.sh) and RAY1, RAY2 (bench/gpu_bundle_ray.sh's .gpu-ray1/2, carried
 # by earlier calls on the same machine and kept outside the tree, e.g. in /tmp/carry).
 # Usage: RAY1=/tmp/carry/.gpu-ray1 RAY2=/tmp/carry/.gpu-ray2 sh bench/gpu_ray.sh [seed] [model]
-# Environment: RES (default $OUT), PER_REPLICA (64), N (sequential requests, 32).
+# Environment: RES (default $OUT), PER_REPLICA (64), N (sequential requests, 32), RUNS ("plain 1 2":
+# which of the three).
 set -u
 . bench/gpu_common.sh  # SEED ($1), MODEL ($2), TAG, RES; gpu_setup, wait_server
 PER_REPLICA=${PER_REPLICA:-64}
 N=${N:-32}
 gpu_setup || exit 1
-cat "$RAY1"/ray.part.* "$RAY2"/ray.part.* > "/tmp/$(cat "$RAY1"/ray.name)"
-python3 -m pip install -q --no-index --no-deps "$RAY1"/*.whl "$RAY2"/*.whl "/tmp/$(cat "$RAY1"/ray.name)" 2>&1 | tail -2
+RUNS=${RUNS:-plain 1 2}
+if ! python3 -c "import ray" 2>/dev/null; then
+    cat "$RAY1"/ray.part.* "$RAY2"/ray.part.* > "/tmp/$(cat "$RAY1"/ray.name)"
+    python3 -m pip install -q --no-index --no-deps "$RAY1"/*.whl "$RAY2"/*.whl "/tmp/$(cat "$RAY1"/ray.name)" 2>&1 | tail -2
+fi
 python3 -c "import ray; print('ray', ray.__version__)" | tee -a $RES/machine.txt
 export VOXGATE_QWEN3_MODEL_DIR=/tmp/ckpt-$TAG-$SEED VOXGATE_QWEN3_DEVICE=cuda VOXGATE_QWEN3_DTYPE=bfloat16 \
     VOXGATE_ENGINE=qwen3 VOXGATE_MAX_STREAMS=256 VOXGATE_MAX_STREAMS_PER_CLIENT=256 \
@@ -34,13 +38,15 @@ sys.exit(0 if sum(r['ready'] for r in body['replicas'].values()) >= $1 else 1)" 
 bench() {  # name concurrency
     python3 -m voxgate bench http --engines qwen3 --url http://127.0.0.1:8765 --admin-key bench-admin --n $N \
         --warmup 4 --concurrency $2 --output-json $RES/ray-$TAG-$1.json > $RES/ray-$TAG-$1.txt 2>&1
-    echo "== $1"; grep -E "^\| qwen3" $RES/ray-$TAG-$1.txt
+    echo "== $1"; grep -E "^\| qwen3" $RES/ray-$TAG-$1.txt || tail -20 $RES/ray-$TAG-$1.txt
 }
-CUDA_VISIBLE_DEVICES=0 python3 -m voxgate serve > $RES/serve-$TAG-plain.log 2>&1 &
-SERVER=$!
-wait_server $SERVER $RES/serve-$TAG-plain.log && bench plain $PER_REPLICA
-kill $SERVER; wait $SERVER 2>/dev/null
-for R in 1 2; do
+if echo "$RUNS" | grep -qw plain; then
+    CUDA_VISIBLE_DEVICES=0 python3 -m voxgate serve > $RES/serve-$TAG-plain.log 2>&1 &
+    SERVER=$!
+    wait_server $SERVER $RES/serve-$TAG-plain.log && bench plain $PER_REPLICA
+    kill $SERVER; wait $SERVER 2>/dev/null
+fi
+for R in $(echo "$RUNS" | sed 's/plain//'); do
     python3 -m voxgate serve --replicas $R > $RES/serve-$TAG-ray$R.log 2>&1 &
     SERVER=$!
     wait_cluster $R $SERVER $RES/serve-$TAG-ray$R.log && bench ray$R $((R * PER_REPLICA))

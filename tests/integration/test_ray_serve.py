@@ -139,6 +139,30 @@ def test_a_session_resumes_through_ray_on_its_replica(cluster):
     asyncio.run(run())
 
 
+def test_sessions_without_a_key_go_to_the_less_loaded_replica(cluster):
+    """No key, no replica to come back to: the router takes the replica with fewer requests open,
+    not a hash of the request id (which can pile a burst onto one replica: on 2 GPUs, 128 HTTP
+    streams over two 64-row replicas got `busy`). Eight sessions held open land 4 and 4 (at
+    worst 5 and 3 if Ray's queue-length cache lags); a hash would give 6-2 or worse 29 % of
+    the time."""
+
+    async def run() -> None:
+        sockets = []
+        try:
+            for _ in range(8):
+                ws = await websockets.connect(cluster.ws(None))
+                sockets.append(ws)
+                await Client(ws).start()
+            assert wait_for(lambda: sum(r["sessions"] for r in cluster.readyz()["replicas"].values()) >= 8, 30)
+            counts = sorted(r["sessions"] for r in cluster.readyz()["replicas"].values())
+            assert len(counts) == 2 and counts[0] >= 3, counts
+        finally:
+            for ws in sockets:
+                await ws.close()
+
+    asyncio.run(run())
+
+
 def test_readiness_and_metrics_add_up_across_replicas(cluster):
     keys = _keys_by_replica(cluster)
     for some in keys.values():

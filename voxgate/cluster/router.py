@@ -5,7 +5,10 @@ Ray Serve's `ConsistentHashRouter` (experimental in Ray 2.60) hashes the session
 read from a header (`RAY_SERVE_SESSION_ID_HEADER_KEY`, which `voxgate serve --replicas` sets to
 `x-voxgate-session`). Browsers cannot put a header on a WebSocket, so `SessionRouter` also
 takes voxgate's `?session=` query parameter from the request the proxy forwards. A request
-with neither is hashed on its own request id: spread evenly, as with no affinity.
+with neither (an HTTP stream, a session-less call) has no replica to return to, so it goes to
+the least loaded one (Ray probes each candidate's ongoing requests), not to a hash of its
+request id: hashing spreads requests evenly only on average, and on a 2-GPU H200 a burst of
+128 HTTP streams over two 64-row replicas sent more than 64 to one, which said `busy`.
 
 When the ring changes (a replica added or gone) only the keys of the changed replica move;
 a session on a removed replica is gone with it (its resume: `resume_not_available`).
@@ -29,10 +32,21 @@ class SessionRouter(ConsistentHashRouter):
     def _routing_key(self, pending_request: Any) -> str | None:
         if pending_request is None:
             return None
-        metadata = pending_request.metadata
-        if metadata.session_id:
-            return str(metadata.session_id)
-        return query_session(pending_request.args) or str(metadata.internal_request_id)
+        return session_key(pending_request) or str(pending_request.metadata.internal_request_id)
+
+    async def choose_replicas(self, candidate_replicas: list[Any], pending_request: Any = None) -> list[list[Any]]:
+        """A session's replica by the hash ring; a request without a session: every candidate at
+        once, of which Ray takes the least loaded."""
+        if pending_request is not None and candidate_replicas and session_key(pending_request) is None:
+            return [candidate_replicas]
+        return await super().choose_replicas(candidate_replicas, pending_request)
+
+
+def session_key(pending_request: Any) -> str | None:
+    """The request's session: the header Ray's proxy read, else `?session=`."""
+    if pending_request.metadata.session_id:
+        return str(pending_request.metadata.session_id)
+    return query_session(pending_request.args)
 
 
 def query_session(args: Any) -> str | None:
