@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from voxgate.bridge.corpus import check_corpus, marked_reply
-from voxgate.bridge.cuts import HOLD, is_ideograph
+from voxgate.bridge.cuts import HOLD, START, is_ideograph, scan
 from voxgate.bridge.segmenter import Segmenter
 from voxgate.config import DEFAULT_STARTERS
 from voxgate.text import count_units
@@ -95,3 +95,25 @@ def test_short_spans_stay_whole_as_before():
         for openers in ((), DEFAULT_STARTERS):
             report = check_corpus([marked_reply(marked, "en")], seed=3, openers=openers)
             assert report["protected_splits"] == 0, report["failures"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Deductions (mortgage interest, state taxes up to $10,000, charity, and a few more things) add up to more.",
+        '"Whenever you feel like criticizing anyone, just remember that all the people in this world" is a quote.',
+        "他说（这个方案需要再讨论一下，因为预算还没有批下来，而且人手也不够，所以我们下周再开会决定吧。",
+    ],
+)
+def test_the_scan_keeps_up_with_the_text_while_a_span_is_open(text):
+    """The cost of a push does not depend on what came before: while a boundary waits for a
+    closer's verdict (held), the scan goes on judging the text as it comes, so no push judges
+    a span's worth of text at once when the verdict comes (before: the scan stood 37-63
+    characters behind the text, at the held boundary or at the opener)."""
+    state, at, behind = START, 0, 0
+    for n in range(1, len(text) + 1):
+        _, at, state = scan(text[:n], at, False, 48, state)
+        behind = max(behind, n - at)
+    assert behind <= 8  # a word or a CJK window still to come
+    _, at, state = scan(text, at, True, 48, state)
+    assert not state.held

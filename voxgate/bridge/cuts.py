@@ -222,7 +222,8 @@ class ScanState(NamedTuple):
     """What the scan carries from one call to the next besides where it stopped."""
 
     fenced: bool = False  # inside a ``` code block
-    guards: tuple[int, ...] = ()  # openers of long spans whose closer has not come (innermost last)
+    guards: tuple[int, ...] = ()  # openers of spans whose closer has not come (innermost last)
+    held: tuple[tuple[Cut, tuple[int, ...]], ...] = ()  # boundaries awaiting the verdict of the spans open there
 
 
 START = ScanState()
@@ -239,13 +240,12 @@ _QUOTE_CLOSE = {opener: _closer_pattern(closer) for opener, closer in _QUOTES.it
 
 
 def _missing(n: int, limit: int, upto: int, final: bool) -> int | None:
-    """No closer in the text searched (up to `upto` and the span's `limit`): undecided until the
-    text has reached `upto`, even past the limit (each boundary is decided when its own words
-    have come, not all of a long span's at once at its limit); then -1 if no closer can come
-    any more, else LATER."""
-    if upto > n:
+    """No closer in the text searched (up to `upto` and the span's `limit`): undecided if the
+    text has not reached that far, -1 if no closer can come any more, else LATER."""
+    end = min(limit, upto)
+    if end > n:
         return -1 if final else None
-    return -1 if limit <= upto else LATER
+    return -1 if end == limit else LATER
 
 
 def _closing(text: str, pattern: re.Pattern[str], frm: int, limit: int, upto: int, final: bool) -> int | None:
@@ -331,24 +331,6 @@ def held_until(text: str, opener: int, p: int, cap: int, hold: int) -> int:
     return p + cap if found is None else found.end()
 
 
-def _guarded(text: str, guards: tuple[int, ...], p: int, final: bool, cap: int, hold: int):
-    """Whether a cut at `p` falls inside a span still open at the scan: None if the text cannot
-    tell yet; (the guards outside it, end) if a span closes at `end` within its hold after `p`
-    (the first to close: no cut, the scan jumps to `end` as if it had walked there); else (the
-    guards still open, None)."""
-    alive, first, outside = [], None, guards
-    for k, opener in enumerate(guards):
-        end = _span_end(text, opener, final, cap, held_until(text, opener, p, cap, hold))
-        if end is None:
-            return None
-        if end > p and (first is None or end < first):
-            first, outside = end, guards[:k]
-        elif end == LATER:  # not this cut's, maybe a later one's
-            alive.append(opener)
-        # else: closed before `p`, or can no longer close: no longer a guard
-    return (outside, first) if first is not None else (tuple(alive), None)
-
-
 def _alive(text: str, guards: tuple[int, ...], i: int, cap: int) -> tuple[int, ...]:
     """The guards whose span may still close after `i` (decided by the text before it alone)."""
     return tuple(g for g in guards if _span_end(text, g, True, cap, i) == LATER)
@@ -361,34 +343,17 @@ _CLOSING = frozenset(_CLOSERS + "`*}")  # characters that may close a span
 # ---------------------------------------------------------------------------- the scan
 
 
-class _Settled(NamedTuple):
-    cuts: list[Cut]  # the boundaries kept
-    jump: int | None  # where the scan goes on (past a span's closer); None: after the boundary
-    guards: tuple[int, ...]
-
-
-def _settle(text: str, cut: Cut, guards: tuple[int, ...], final: bool, cap: int, hold: int) -> _Settled | None:
-    """A boundary found while long spans are open: kept, or inside a span that closes within
-    its hold after it (dropped: the scan jumps past the closer, and the gap after a closing
-    mark is judged as after any span); None if the text cannot tell yet."""
-    jump = None
-    while guards:
-        found = _guarded(text, guards, cut.pos, final, cap, hold)
-        if found is None:
-            return None
-        guards, end = found
+def _verdict(text: str, guards: tuple[int, ...], p: int, final: bool, cap: int, hold: int) -> bool | None:
+    """Whether a boundary at `p` lies inside a span open there that closes within its hold
+    after it (True: no cut), not (False), or None if the text cannot tell yet."""
+    undecided = False
+    for opener in guards:
+        end = _span_end(text, opener, final, cap, held_until(text, opener, p, cap, hold))
         if end is None:
-            break
-        if end == len(text) and not final:
-            return None  # the gap after the span is not known yet
-        jump = end
-        gap = None
-        if text[end - 1] in _CLOSERS and end < len(text) and not text[end].isspace():
-            gap = classify(text, end, end)
-        if gap is None:
-            return _Settled([], jump, guards)
-        cut = Cut(end, gap)  # “可以。”然后, which an outer span may still hold
-    return _Settled([cut], jump, guards)
+            undecided = True
+        elif end > p:
+            return True
+    return None if undecided else False
 
 
 def scan(
@@ -397,13 +362,29 @@ def scan(
     """Boundaries in text[at:], where the scan stopped
     (len(text), or the first place that later text could still change: resume there), and
     the state there (`state`: the state at `at`). A code block is cut only at its line
-    breaks. A span that closes within `hold` characters of its opener (twice that for code)
-    is stepped over whole; a longer one (up to its limit) has no boundary within `hold` of
-    its closer: no boundary waits more than `hold` characters for a closer. Gaps between two
-    CJK characters before `judge_from` are not judged (no cut): the caller knows no choice
-    can take them, and judging one costs a jieba call."""
+    breaks. Every span opener is a guard until its closer: a boundary within `hold` words
+    before the closer (twice for code) is none, so a span that closes within `hold` words of
+    its opener is whole. A boundary whose verdict waits for a closer is held (`state.held`)
+    while the scan goes on: each push judges the text it brought, even when a span's verdict
+    comes for many boundaries at once. Gaps between two CJK characters before `judge_from`
+    are not judged (no cut): the caller knows no choice can take them, and judging one costs
+    a jieba call."""
     n, cuts, i = len(text), [], at
-    fenced, guards = state
+    fenced, guards, held = state
+    queue = list(held)
+
+    def add(cut: Cut) -> None:
+        nonlocal guards
+        if guards:
+            guards = _alive(text, guards, cut.pos, cap)
+        if not queue:
+            verdict = _verdict(text, guards, cut.pos, final, cap, hold) if guards else False
+            if verdict is not None:
+                if not verdict:
+                    cuts.append(cut)
+                return
+        queue.append((cut, guards))
+
     while i < n:
         ch = text[i]
         run = _skip(text, i, "`") if ch == "`" else i
@@ -422,17 +403,16 @@ def scan(
             if end == n and not final:
                 break
             if end < n and "\n" in text[i:end]:
-                cuts.append(Cut(end, Gap.SENTENCE))
+                add(Cut(end, Gap.SENTENCE))
             i = end
             continue
-        found, after, resume = None, i + 1, i  # a boundary, where the scan goes on, where it resumes if undecided
-        opened, closed = guards, False  # the spans open before this step (kept if it must wait)
+        found, after, closed = None, i + 1, False  # a boundary, and where the scan goes on
         if guards and ch in _CLOSING:  # a span may close here (the innermost first)
             end, k = None, len(guards)
             while k > 0 and (end := _span_end(text, guards[k - 1], final, cap, i + 2)) is not None and end <= i:
                 k -= 1  # not here (closed before, or later, or never)
-            if k > 0 and end is None:
-                break
+            if k > 0 and (end is None or (run == n and ch == "`" and not final)):
+                break  # undecided, or ticks that may grow into a fence
             if k > 0:
                 if end == n and not final:
                     break  # the gap after the span is not known yet
@@ -449,7 +429,7 @@ def scan(
             i = _skip(text, i, "`") if ch == "`" else i + 2 if ch == "*" else i + 1
             continue
         if closed:
-            pass  # a span closed here: its boundary, if any, is settled below
+            pass  # a span closed here: its boundary, if any, is added below
         elif ch.isspace():
             end = _skip(text, i, None)
             if end == n and not final:
@@ -476,58 +456,50 @@ def scan(
             if i + 1 == n and not final:
                 break  # the gap after this character is not known yet
             if is_ideograph(ch):  # a run of CJK characters: the gaps inside it
-                last, stopped, found = _cjk_run(text, i, final, cuts, judge_from, guards, cap, hold)
+                last, stopped = _cjk_run(text, i, final, add, judge_from)
                 if stopped:
                     i = last
                     break
-                after, resume = last + 1, last
-        if found is not None and guards:
-            settled = _settle(text, found, guards, final, cap, hold)
-            if settled is None:
-                i, guards = resume, opened
-                break
-            cuts += settled.cuts
-            guards = settled.guards
-            after = after if settled.jump is None else settled.jump
-        elif found is not None:
-            cuts.append(found)
+                after = last + 1
+        if found is not None:
+            add(found)
         i = after
-    return cuts, i, ScanState(fenced, guards)
+    return cuts, i, ScanState(fenced, guards, _release(text, queue, cuts, final, cap, hold))
 
 
-def _cjk_run(
-    text: str, i: int, final: bool, cuts: list[Cut], judge_from: int, guards: tuple[int, ...], cap: int, hold: int
-) -> tuple[int, bool, Cut | None]:
+def _release(text: str, queue: list, cuts: list[Cut], final: bool, cap: int, hold: int) -> tuple:
+    """Add the held boundaries whose verdict has come, in order; the rest stay held."""
+    k = 0
+    while k < len(queue):
+        cut, guards = queue[k]
+        verdict = _verdict(text, guards, cut.pos, final, cap, hold) if guards else False
+        if verdict is None:
+            break
+        if not verdict:
+            cuts.append(cut)
+        k += 1
+    return tuple(queue[k:])
+
+
+def _cjk_run(text: str, i: int, final: bool, add, judge_from: int = 0) -> tuple[int, bool]:
     """Judge the gaps of the CJK run starting at `i` (from `judge_from`): (its last character,
-    or the one before the gap where it stopped, whether the scan must stop there, and the gap
-    there if a long span holds it: the caller settles it). The run's bounds and whether it has
-    kana are found once here, not per gap. With spans open, the gaps before `judge_from` are
-    checked against them too (no jieba call): where the scan jumps to a closer must not depend
-    on where the segment began."""
+    or where a gap is undecided, and whether the scan must stop there). The run's bounds and
+    whether it has kana are found once here, not per gap."""
     end = _IDEOGRAPHS.match(text, i).end()
-    first = i + 1 if guards else max(i + 1, judge_from)
+    first = max(i + 1, judge_from)
     if first >= end:
-        return end - 1, end == len(text) and not final, None
+        return end - 1, end == len(text) and not final
     start = _IDEOGRAPHS_END.search(text, max(first - CJK_LEFT, 0), first).start()
     kana = _KANA.search(text, start, end) is not None
     n = len(text)
     for q in range(first, end):
         right = min(end, q + CJK_RIGHT)
-        judged = q >= judge_from
-        if judged and not final and ((right == n and right < q + CJK_RIGHT) or q + 3 > n):
-            return q - 1, True, None  # undecided: the characters after the gap have not all arrived
-        if guards:  # before jieba: a held gap costs no call
-            held = _guarded(text, guards, q, final, cap, hold)
-            if held is None:
-                return q - 1, True, None
-            if held[1] is not None:
-                return q - 1, False, Cut(q, Gap.LEXICAL)
-        if not judged:
-            continue
+        if not final and ((right == n and right < q + CJK_RIGHT) or q + 3 > n):
+            return q - 1, True  # undecided: the characters after the gap have not all arrived
         verdict = _cjk_gap(text, q, max(start, q - CJK_LEFT), right, kana)
         if verdict is not False:
-            cuts.append(Cut(q, verdict))
-    return end - 1, end == len(text) and not final, None
+            add(Cut(q, verdict))
+    return end - 1, end == len(text) and not final
 
 
 def _pending_after_space(text: str, i: int, end: int) -> bool:

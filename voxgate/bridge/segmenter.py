@@ -28,12 +28,14 @@ at most 40), CJK length cut after 12 characters without punctuation (the 8..12 o
 fewer words are cut in half).
 
 Where a cut may fall at all is `cuts.py`'s business (numbers, abbreviations, markup, CJK words
-and more stay whole; read its docstring). A cut is decided only from text that later deltas
-cannot change, so the segments are the same however the text is split into deltas, and the
-`raw` fields of a stream's segments concatenate to its input exactly (a stream of only
-whitespace yields none). A segment with nothing to say (emoji, a table rule, bare markup) is
-never cut off on its own: it joins the text after it; only a reply that ends in one leaves an
-unspeakable final segment (`Segment.speakable` is False: the pipeline skips it).
+and more stay whole; read its docstring). An unmatched markup or quotation opener holds a
+boundary at most `max_hold_words` (6) words, never the reply, the starter included. A cut
+is decided only from text that later deltas cannot change, so the segments are the same
+however the text is split into deltas, and the `raw` fields of a stream's segments
+concatenate to its input exactly (a stream of only whitespace yields none). A segment with
+nothing to say (emoji, a table rule, bare markup) is never cut off on its own: it joins the
+text after it; only a reply that ends in one leaves an unspeakable final segment
+(`Segment.speakable` is False: the pipeline skips it).
 
 Each push costs about the same at any reply length: the scan resumes where it stopped (no rule
 reads where a segment starts, so an emitted cut keeps the boundaries found after it, and their
@@ -42,8 +44,10 @@ behind the pending segment is dropped. What a push costs is mostly jieba: one ca
 ~3 us with the rules around it) per gap between two CJK characters, so the gaps of a main
 segment's first `_blind` characters (narrower than any main choice reads: under `main_min_width`
 columns and `cjk_flush_units` units) are not judged at all: about 60% of the calls on
-unpunctuated Chinese, with the same segments (tests/unit/test_segmenter.py). Measured on the
-2-core VM (BENCHMARKS.md, issue 18): Chinese median per push 18 -> 6-8 us.
+unpunctuated Chinese, with the same segments (tests/unit/test_segmenter.py). A boundary whose
+verdict waits for a span's closer is held while the scan goes on, so no push judges a span's
+worth of text at once (the longest single pushes of the written corpus: ~230-380 -> ~100 us).
+Measured on the 2-core VM: BENCHMARKS.md, issue 18.
 """
 
 from __future__ import annotations
@@ -186,8 +190,7 @@ class Segmenter:
             drop = self._start - self.KEEP
             self._text, self._start, self._scanned = self._text[drop:], self._start - drop, self._scanned - drop
             self._seen -= drop
-            fenced, guards = self._state  # an opener still open lies within a span's limit of the scan
-            self._state = ScanState(fenced, tuple(g - drop for g in guards if g >= drop))
+            self._state = _shifted(self._state, drop)
             kept = [Cut(cut.pos - drop, cut.gap) for cut in kept]
         self._judged = (0, None, None, False)
         if cut_here:  # the sizes of what is kept, from the cut emitted: subtract, no text measured again
@@ -266,8 +269,10 @@ class Segmenter:
                 return cut.pos, "starter"
             last = cut.pos
         fallback = last if last is not None else lexical
-        if fallback is not None and self.starter_cost(self._text[self._start : self._scanned]) > full:
-            return fallback, "starter"  # later cuts lie past `_scanned`, so past the bound
+        held = self._state.held  # boundaries awaiting a span's verdict: later cuts lie at or past the first
+        certain = held[0][0].pos if held else self._scanned
+        if fallback is not None and self.starter_cost(self._text[self._start : certain]) > full:
+            return fallback, "starter"  # later cuts lie past `certain`, so past the bound
         return None
 
     def starter_cost(self, text: str) -> int:
@@ -351,6 +356,17 @@ def _rebase(sizes: list[_Size], base: _Size) -> list[_Size]:
         out.append(_Size(size.columns - base.columns, size.units - base.units, size.chars - base.chars, speaks,
                          size.said))  # fmt: skip
     return out
+
+
+def _shifted(state: ScanState, drop: int) -> ScanState:
+    """The scan's state after the text's first `drop` characters are gone (a span still open,
+    or one a held boundary waits on, lies within a span's limit of the scan: not among them)."""
+
+    def openers(guards: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(g - drop for g in guards if g >= drop)
+
+    held = tuple((Cut(cut.pos - drop, cut.gap), openers(guards)) for cut, guards in state.held)
+    return ScanState(state.fenced, openers(state.guards), held)
 
 
 def _at(cut: Cut) -> int:
