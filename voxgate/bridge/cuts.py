@@ -343,6 +343,9 @@ _CLOSING = frozenset(_CLOSERS + "`*}")  # characters that may close a span
 # ---------------------------------------------------------------------------- the scan
 
 
+_PLAIN = re.compile("[A-Za-z0-9]+")
+
+
 def _verdict(text: str, guards: tuple[int, ...], p: int, final: bool, cap: int, hold: int) -> bool | None:
     """Whether a boundary at `p` lies inside a span open there that closes within its hold
     after it (True: no cut), not (False), or None if the text cannot tell yet."""
@@ -372,19 +375,6 @@ def scan(
     n, cuts, i = len(text), [], at
     fenced, guards, held = state
     queue = list(held)
-
-    def add(cut: Cut) -> None:
-        nonlocal guards
-        if guards:
-            guards = _alive(text, guards, cut.pos, cap)
-        if not queue:
-            verdict = _verdict(text, guards, cut.pos, final, cap, hold) if guards else False
-            if verdict is not None:
-                if not verdict:
-                    cuts.append(cut)
-                return
-        queue.append((cut, guards))
-
     while i < n:
         ch = text[i]
         run = _skip(text, i, "`") if ch == "`" else i
@@ -403,7 +393,14 @@ def scan(
             if end == n and not final:
                 break
             if end < n and "\n" in text[i:end]:
-                add(Cut(end, Gap.SENTENCE))
+                guards = _add(Cut(end, Gap.SENTENCE), text, guards, queue, cuts, final, cap, hold)
+            i = end
+            continue
+        if ch.isascii() and ch.isalnum():  # a Latin word or number: nothing in it is a boundary
+            end = _PLAIN.match(text, i).end()
+            if end == n and not final:
+                i = n - 1  # the gap after its last character is not known yet
+                break
             i = end
             continue
         found, after, closed = None, i + 1, False  # a boundary, and where the scan goes on
@@ -456,15 +453,44 @@ def scan(
             if i + 1 == n and not final:
                 break  # the gap after this character is not known yet
             if is_ideograph(ch):  # a run of CJK characters: the gaps inside it
-                last, stopped = _cjk_run(text, i, final, add, judge_from)
+                free = not (guards or queue)
+                gaps: list[Cut] = cuts if free else []
+                last, stopped = _cjk_run(text, i, final, gaps, judge_from)
+                for cut in () if free else gaps:
+                    guards = _add(cut, text, guards, queue, cuts, final, cap, hold)
                 if stopped:
                     i = last
                     break
                 after = last + 1
         if found is not None:
-            add(found)
+            if guards or queue:
+                guards = _add(found, text, guards, queue, cuts, final, cap, hold)
+            else:
+                cuts.append(found)
         i = after
-    return cuts, i, ScanState(fenced, guards, _release(text, queue, cuts, final, cap, hold))
+    if queue:
+        held = _release(text, queue, cuts, final, cap, hold)
+    elif held:
+        held = ()
+    if (fenced, guards, held) != state:
+        state = ScanState(fenced, guards, held)
+    return cuts, i, state
+
+
+def _add(cut: Cut, text: str, guards: tuple[int, ...], queue: list, cuts: list[Cut], final: bool, cap: int,
+         hold: int) -> tuple[int, ...]:  # fmt: skip
+    """Add a boundary found with spans open (or boundaries held before it): kept, dropped, or
+    held until the spans' verdict comes; the spans still open."""
+    if guards:
+        guards = _alive(text, guards, cut.pos, cap)
+    if not queue:
+        verdict = _verdict(text, guards, cut.pos, final, cap, hold) if guards else False
+        if verdict is not None:
+            if not verdict:
+                cuts.append(cut)
+            return guards
+    queue.append((cut, guards))
+    return guards
 
 
 def _release(text: str, queue: list, cuts: list[Cut], final: bool, cap: int, hold: int) -> tuple:
@@ -481,7 +507,7 @@ def _release(text: str, queue: list, cuts: list[Cut], final: bool, cap: int, hol
     return tuple(queue[k:])
 
 
-def _cjk_run(text: str, i: int, final: bool, add, judge_from: int = 0) -> tuple[int, bool]:
+def _cjk_run(text: str, i: int, final: bool, cuts: list[Cut], judge_from: int = 0) -> tuple[int, bool]:
     """Judge the gaps of the CJK run starting at `i` (from `judge_from`): (its last character,
     or where a gap is undecided, and whether the scan must stop there). The run's bounds and
     whether it has kana are found once here, not per gap."""
@@ -498,7 +524,7 @@ def _cjk_run(text: str, i: int, final: bool, add, judge_from: int = 0) -> tuple[
             return q - 1, True  # undecided: the characters after the gap have not all arrived
         verdict = _cjk_gap(text, q, max(start, q - CJK_LEFT), right, kana)
         if verdict is not False:
-            add(Cut(q, verdict))
+            cuts.append(Cut(q, verdict))
     return end - 1, end == len(text) and not final
 
 
