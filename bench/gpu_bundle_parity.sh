@@ -21,6 +21,6 @@ python3 -m pip download -q --no-deps --dest .gpu-parity/wheels --only-binary=:al
     jinja2==3.1.6 markupsafe==3.0.4 packaging==26.4 \
     httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 anyio==4.16.0 idna==3.20 certifi==2026.10.19.post1 \
     pytest==9.2.0 pytest-timeout==2.4.0 pluggy==1.7.0 iniconfig==2.3.1 hypothesis==6.170.17 \
-    sortedcontainers==2.4.0
+    sortedcontainers==2.4.0 tokenizers==0.22.2 soxr==1.0.0  # transformers 5.15.1 takes tokenizers 0.22.0-0.23.0 (the device has 0.23.2); AutoProcessor imports soxr
 cp -r ../shared/qwen3-tts .gpu-parity/qwen3-tts
 du -sh .gpu-parity
