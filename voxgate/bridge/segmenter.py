@@ -311,32 +311,42 @@ class Segmenter:
         width, the last clause mark at least 2/3 of `main_min_width` wide, else the last word
         boundary at least `main_min_width` wide, or, when an unbreakable span leaves none, the
         first cut after it: wider, never a fragment. Resumes at the first cut not yet judged."""
-        cfg, text = self.config, self._text
+        cfg, text, start, sizes = self.config, self._text, self._start, self._sizes
         max_width = cfg.second_max_width if self._index == 1 else cfg.main_max_width
-        lead = skip_space(text, self._start) - self._start
+        min_chars, min_width = cfg.min_chars, cfg.main_min_width
+        narrowest_clause = min_width * 2 // 3
+        phrase_flush, word_flush = cfg.cjk_flush_units, cfg.cjk_flush_units * 3 // 2  # phrase; any word: 1.5x
+        lead = skip_space(text, start) - start
         judged, clause, weak, punctuated = self._judged  # punctuated: the CJK length cut is for text without any
-        for k in range(judged, len(cuts)):
-            cut, size = cuts[k], self._sizes[k]
-            spaces = lead + _trailing_space(text, self._start, cut.pos)
-            if size.chars - spaces >= cfg.min_chars and size.speaks:
-                if cut.gap == Gap.SENTENCE:
-                    return cut.pos, "punctuation"
+        found: tuple[int, Trigger] | None = None
+        k = judged
+        for k in range(judged, len(cuts)):  # locals and plain ints: this runs once per boundary after each cut
+            cut, size = cuts[k], sizes[k]
+            pos, gap = cut
+            spaces = lead + (_trailing_space(text, start, pos) if text[pos - 1].isspace() else 0)
+            if size.chars - spaces >= min_chars and size.speaks:
+                if gap == _SENTENCE:
+                    found = pos, "punctuation"
+                    break
                 columns = size.columns - spaces
                 if columns > max_width:
-                    best = clause if clause is not None else weak if weak is not None else cut.pos
-                    return best, "length"
-                if cut.gap == Gap.CLAUSE and columns >= cfg.main_min_width:
-                    return cut.pos, "punctuation"
-                flush = cfg.cjk_flush_units * (2 if cut.gap == Gap.CHAR else 3) // 2  # phrase; any word: 1.5x
-                if cut.gap <= Gap.CHAR and not punctuated and size.units >= flush:
-                    return cut.pos, "length"
-                if cut.gap == Gap.CLAUSE and columns >= cfg.main_min_width * 2 // 3:
-                    clause = cut.pos  # "To install it," yes; "said," no
-                elif columns >= cfg.main_min_width:
-                    weak = cut.pos
-            punctuated = punctuated or cut.gap >= Gap.CLAUSE
-            self._judged = (k + 1, clause, weak, punctuated)
-        return None
+                    found = (clause if clause is not None else weak if weak is not None else pos), "length"
+                    break
+                if gap == _CLAUSE and columns >= min_width:
+                    found = pos, "punctuation"
+                    break
+                if gap <= _CHAR and not punctuated and size.units >= (phrase_flush if gap == _CHAR else word_flush):
+                    found = pos, "length"
+                    break
+                if gap == _CLAUSE and columns >= narrowest_clause:
+                    clause = pos  # "To install it," yes; "said," no
+                elif columns >= min_width:
+                    weak = pos
+            punctuated = punctuated or gap >= _CLAUSE
+        else:
+            k = len(cuts)
+        self._judged = (k, clause, weak, punctuated)
+        return found
 
 
 class _Size(NamedTuple):  # a tuple, not a frozen dataclass: one is built per boundary (~0.2 us against ~1 us)
@@ -367,6 +377,9 @@ def _shifted(state: ScanState, drop: int) -> ScanState:
 
     held = tuple((Cut(cut.pos - drop, cut.gap), openers(guards)) for cut, guards in state.held)
     return ScanState(state.fenced, openers(state.guards), held)
+
+
+_SENTENCE, _CLAUSE, _CHAR = int(Gap.SENTENCE), int(Gap.CLAUSE), int(Gap.CHAR)  # plain ints compare faster
 
 
 def _at(cut: Cut) -> int:
