@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
+import time
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -105,6 +106,7 @@ async def tts_stream(request: Request) -> Response:
     """Stream speech for `text` as chunked audio (pcm16, wav, 8 kHz mu-law, mp3, opus, aac, flac)."""
     state = state_of(request)
     body = parse_body(TTSStreamBody, await request.body())
+    await _voice_current(state, body.voice)
     plan = state.plan(
         text=body.text,
         voice=body.voice,
@@ -157,6 +159,7 @@ async def audio_speech(request: Request) -> Response:
         raise error
     if body.stream_format not in ("audio", "sse"):
         raise InvalidRequest(f"stream_format must be 'audio' or 'sse', not {body.stream_format!r}")
+    await _voice_current(state, body.voice_id)
     if body.response_format not in SPEECH_FORMATS:
         formats = ", ".join(SPEECH_FORMATS)
         error = UnsupportedFormat(f"response_format {body.response_format!r} is not supported; use one of {formats}")
@@ -192,6 +195,7 @@ async def voices(request: Request) -> JSONResponse:
     """The voices this client may use: the server's and its own cloned ones."""
     state, client = state_of(request), client_of(request)
     engine = state.require_engine()
+    await _voices_current(state, engine)
     listed = [_voice_json(v) for v in engine.voices() if state.voice_owners.may_use(v.id, client)]
     default = state.default_voice(client)
     aliases = state.alias_voices()
@@ -235,6 +239,7 @@ async def add_voice(request: Request) -> JSONResponse:
         audio = base64.b64decode(body.audio, validate=True)
     except ValueError:
         raise InvalidRequest("audio must be base64") from None
+    await _voices_current(state, engine)  # owners and caps as every replica has them
     state.voice_owners.begin(body.id, client, engine_has_it=_engine_has(engine, body.id))
     loop = asyncio.get_running_loop()
     info = await loop.run_in_executor(state.executor, _register_voice, state, engine, body, audio)
@@ -275,6 +280,7 @@ async def remove_voice(voice_id: str, request: Request) -> Response:
     engine = state.require_engine()
     if not isinstance(engine, VoiceCloner):
         raise NotSupported(f"the {engine.name} engine cannot clone voices")
+    await _voice_current(state, voice_id)
     if not state.voice_owners.owns(voice_id, client_of(request)):
         raise NotFound(f"no cloned voice {voice_id!r}")
     try:
@@ -283,6 +289,23 @@ async def remove_voice(voice_id: str, request: Request) -> Response:
         if not _engine_has(engine, voice_id):  # else the owner's re-upload got in after this delete
             state.voice_owners.forget(voice_id)
     return Response(status_code=204)
+
+
+async def _voice_current(state: ServerState, voice_id: str | None) -> None:
+    """Another replica on the same VOXGATE_DATA_DIR may have cloned, replaced or deleted
+    `voice_id` since this one looked: one stat says so, and then the voice is re-read on a
+    worker (registering it takes the engine a while) before the request is answered."""
+    if state.cloned_voices.stale(voice_id):
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(state.executor, state.cloned_voices.refresh, state.require_engine(), voice_id)
+
+
+async def _voices_current(state: ServerState, engine: Engine) -> None:
+    """Every stored voice as the data directory has it now (a listing and a stat a voice),
+    for answers about all of a client's voices."""
+    if state.cloned_voices.store is not None:
+        asked_at = time.monotonic()
+        await asyncio.get_running_loop().run_in_executor(state.executor, state.cloned_voices.sync, engine, asked_at)
 
 
 def _voice_json(v: VoiceInfo) -> dict[str, Any]:

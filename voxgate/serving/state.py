@@ -209,6 +209,7 @@ class ServerState:
         return phrase.isascii()
 
     def close(self) -> None:
+        self.cloned_voices.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.engine_pool.shutdown(wait=False, cancel_futures=True)
         if self.llm is not None:
