@@ -22,7 +22,8 @@ from voxgate.bench.server import ServerProcess
 EXAMPLES = 25  # per operation and mode (valid, invalid): ~750 requests a pass
 OPERATIONS = {
     "POST /tts/stream", "POST /v1/audio/speech", "GET /v1/voices", "POST /v1/voices", "DELETE /v1/voices/{voice_id}",
-    "GET /healthz", "GET /livez", "GET /readyz", "GET /metrics", "GET /debug/timings", "GET /debug/llm", "POST /v1/chat/completions",
+    "GET /healthz", "GET /livez", "GET /readyz", "GET /metrics", "GET /debug/timings", "GET /debug/llm",
+    "POST /v1/chat/completions",
     "POST /v1/bridge/stream", "POST /v1/bridge/{reply_id}/stop", "POST /v1/auth/token", "POST /v1/agent/offer",
     "DELETE /v1/agent/{call_id}",
 }  # fmt: skip
