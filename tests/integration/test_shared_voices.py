@@ -193,3 +193,15 @@ def test_two_processes_writing_one_data_dir_leave_no_torn_voice_and_one_owner_an
     assert set(kept) == {"contested", "own-a", "own-b"}
     assert kept["own-a"].ref_text == "take 39" and kept["own-b"].ref_text == "take 39"
     assert not [p for p in tmp_path.rglob(".tmp-*")]  # no temporary file left behind
+
+
+def test_names_a_request_may_send_never_reach_outside_the_store(tmp_path):
+    """Every request naming a voice stats the store: an id that is not one is no path at all."""
+    store = VoiceStore(tmp_path / "data")
+    store.save(StoredVoice("ok", "qwen3", None, "a" * 64, np.zeros(2400, np.float32), 24000))
+    (tmp_path / "data" / "voices" / "not-hex").mkdir()
+    (tmp_path / "data" / "voices" / "6869").write_text("a file, not a folder")  # "hi"
+    for name in ("..", "../secret", "a/b", "", "x" * 65, "ok\0", "é", "\u202eok"):
+        assert store.signature(name) is None, name
+    assert set(store.listing()) == {"ok"}
+    assert store.signature("ok") == store.listing()["ok"]

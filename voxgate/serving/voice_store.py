@@ -149,30 +149,26 @@ class VoiceStore:
             raise StorageFailed(f"voice {voice_id!r} could not be removed: {exc.strerror or exc}") from None
 
     def signature(self, voice_id: str) -> Signature | None:
-        """One stat of the voice's manifest; None if there is none (or the id is not one)."""
+        """One stat of the voice's manifest; None if there is none (or the id is not one).
+        Any other failure (EIO, a stale NFS handle) raises OSError: a voice is never taken
+        for deleted because the file system hiccuped."""
         if not _ID.fullmatch(voice_id):
             return None
-        try:
-            return _signature(os.stat(self._folder(voice_id) / _MANIFEST))
-        except OSError:
-            return None
+        return _stat(self._folder(voice_id) / _MANIFEST)
 
     def listing(self) -> dict[str, Signature]:
         """Every stored voice id with a manifest, and its signature: a listing and a stat a
-        voice, no file read (what a replica polls)."""
+        voice, no file read (what a replica polls). OSError as `signature`."""
         try:
             names = os.listdir(self.voices_dir)
-        except OSError:
-            return {}
+        except FileNotFoundError:
+            return {}  # nothing stored yet
         found = {}
         for name in names:
             voice_id = _id_of(name)
-            if voice_id is None:
-                continue
-            try:
-                found[voice_id] = _signature(os.stat(self.voices_dir / name / _MANIFEST))
-            except OSError:
-                continue  # no manifest: deleted, or not yet committed
+            signature = _stat(self.voices_dir / name / _MANIFEST) if voice_id is not None else None
+            if signature is not None:  # else: deleted, or not yet committed
+                found[voice_id] = signature
         return found
 
     def read(self, voice_id: str) -> StoredVoice:
@@ -251,6 +247,14 @@ def _id_of(folder_name: str) -> str | None:
 
 def _signature(st: os.stat_result) -> Signature:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _stat(manifest: Path) -> Signature | None:
+    """A manifest's signature; None if it is not there."""
+    try:
+        return _signature(os.stat(manifest))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
 
 
 def _link_new(path: Path, data: bytes) -> None:

@@ -228,17 +228,26 @@ class ClonedVoices:
 
     def stale(self, voice_id: str | None) -> bool:
         """Whether the store holds another `voice_id` than this replica last applied (cloned,
-        replaced or deleted elsewhere): one stat, cheap enough for every request."""
+        replaced or deleted elsewhere): one stat, cheap enough for every request. A store
+        that cannot be read now is not news: what is held is served."""
         if self.store is None or voice_id is None:
             return False
-        return self.store.signature(voice_id) != self._seen.get(voice_id)
+        try:
+            return self.store.signature(voice_id) != self._seen.get(voice_id)
+        except OSError:
+            return False
 
     def refresh(self, engine: Engine, voice_id: str) -> None:
         """Bring one voice in line with the store (the engine call may take a while)."""
         if self.store is None:
             return
         with self._lock:
-            self._bring(engine, voice_id, self.store.signature(voice_id))
+            try:
+                signature = self.store.signature(voice_id)
+            except OSError as exc:
+                log.warning("stored voice %r not looked at: %s", voice_id, exc)
+                return
+            self._bring(engine, voice_id, signature)
 
     def sync(self, engine: Engine, asked_at: float | None = None) -> int:
         """Bring every voice in line with the store; returns how many were registered. Given
@@ -250,7 +259,11 @@ class ClonedVoices:
             if asked_at is not None and self._scan_began >= asked_at:
                 return 0
             self._scan_began = time.monotonic()
-            listing = self.store.listing()
+            try:
+                listing = self.store.listing()
+            except OSError as exc:  # keep what is held until the directory reads again
+                log.warning("stored voices not rescanned: %s", exc)
+                return 0
             before = len(self._loaded)
             for voice_id in sorted(listing.keys() | self._seen.keys()):
                 self._bring(engine, voice_id, listing.get(voice_id))
