@@ -304,6 +304,7 @@ class ClonedVoices:
         if voice.engine != engine.name or not isinstance(engine, VoiceCloner):
             log.warning("stored voice %r (engine %s) skipped: the %s engine cannot take it", voice.id, voice.engine,
                         engine.name)  # fmt: skip
+            self._unload(engine, voice.id)
             return False
         try:
             engine.add_voice(voice.id, voice.samples, voice.sample_rate, voice.ref_text)
