@@ -261,16 +261,12 @@ def _link_new(path: Path, data: bytes) -> None:
     """Create `path` holding `data`, whole or not at all: written aside, then hard-linked
     (which fails rather than replace). Losing the race to another process is fine: its
     file is the one every process then reads."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    tmp = _synced_copy(path, data)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         with suppress(FileExistsError):
             os.link(tmp, path)
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
 
 
 def _check_secret(path: Path, secret: bytes) -> bytes:
@@ -311,13 +307,23 @@ def _float_wav(samples: np.ndarray, rate: int) -> bytes:
 
 def _write_atomically(path: Path, data: bytes) -> None:
     """A temporary file in the same folder (0600), synced, then renamed over `path`."""
+    tmp = _synced_copy(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _synced_copy(path: Path, data: bytes) -> Path:
+    """`data` in a new temporary file beside `path` (0600), on disk before it is returned."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return Path(tmp)
