@@ -218,7 +218,9 @@ class Qwen3Engine(Engine):
             raise InvalidRequest("a VoiceDesign model needs `instructions` describing the voice")
         if request.speed != 1.0:
             raise NotSupported("the qwen3 engine speaks at its own pace; call it through stream_pieces for speed")
-        if self._prompt_thread is not None:
+        if self._plans and self.clones is None:  # token ids only: no GPU work to wait for
+            prompt, context = self._prompt(request, design)
+        elif self._prompt_thread is not None:
             prompt, context = self._prompt_thread.build(request, design)
         else:
             with self._prompt_stream_context():
@@ -261,9 +263,14 @@ class Qwen3Engine(Engine):
         # The 0.6B CustomVoice model was not trained on instructions; the reference drops them too.
         instruct = None if self.ck.config.model_size == "0b6" else request.instructions
         speaker = None if design else request.voice
-        if self.runner is not None and self.runner.decoder.text_table is not None:
+        if self._plans:
             return self.prompts.plan(request.text, speaker=speaker, language=language, instruct=instruct), None
         return self.prompts.build(request.text, speaker=speaker, language=language, instruct=instruct), None
+
+    @property
+    def _plans(self) -> bool:
+        """Whether prompts go to the runner as plans of ids (it has a text table)."""
+        return self.runner is not None and self.runner.decoder.text_table is not None
 
     @contextlib.contextmanager
     def _prompt_stream_context(self) -> Iterator[None]:
