@@ -37,8 +37,9 @@ def full_size(tmp_path_factory) -> Path:
 
 
 def test_forced_decoder_steps_like_the_production_decoder(full_size):
-    """The parity decoder re-states `_draw_fused` (to keep and force the logits): fed the codes
-    the production decoder drew itself, every next frame's code-0 logits are bit-identical."""
+    """The parity decoder overrides only `_drawn_from` (to keep and force the logits) on the
+    production decoder's fused step: fed the codes that decoder drew itself, every next
+    frame's code-0 logits are bit-identical, and its kept code-predictor logits draw those codes."""
     ck = load_checkpoint(full_size, "cuda", torch.bfloat16)
     sampling = replace(SamplingParams.from_generation_config(ck.generation), min_new_tokens=0)
     case = CASES["custom_voice"][0]

@@ -21,9 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from voxgate.engines.qwen3 import gemv
 from voxgate.engines.qwen3.batch import Admission, BatchDecoder
-from voxgate.engines.qwen3.fused_sampler import FRAME_ADD, FRAME_SET, RowSettings, TalkerScores, TextRows, sample_codes
 from voxgate.engines.qwen3.loader import Qwen3Checkpoint
 from voxgate.engines.qwen3.prompt import PromptBuilder
 
@@ -193,7 +191,8 @@ def run_official(
 class ForcedDecoder(BatchDecoder):
     """The production batched decoder (same graphs, kernels, sampler and caches), whose rows
     draw the codes put in `forced` (S, 16) and keep the logits they computed on the way in
-    `kept0` (S, V) and `kept_rest` (S, 15, V')."""
+    `kept0` (S, V) and `kept_rest` (S, 15, V'): it overrides only `BatchDecoder._drawn_from`,
+    the seam between the model's logits and the sampler."""
 
     def __init__(self, talker: Any, codec: Any, **kwargs: Any) -> None:
         cfg, device = talker.cfg, talker.codec_head.weight.device
@@ -201,54 +200,16 @@ class ForcedDecoder(BatchDecoder):
         self.forced = torch.zeros(slots, cfg.num_code_groups, dtype=torch.long, device=device)
         self.kept0 = torch.zeros(slots, cfg.vocab_size, device=device)
         self.kept_rest = torch.zeros(slots, cfg.num_code_groups - 1, cfg.predictor_vocab_size, device=device)
-        self._column = 0
         super().__init__(talker, codec, **kwargs)
 
-    def _forcing(self, b: int, column: int, like: torch.Tensor) -> torch.Tensor:
-        ids = torch.arange(like.shape[-1], device=like.device)
+    def _drawn_from(self, b: int, column: int, logits: torch.Tensor) -> torch.Tensor:
+        """Keep the model's logits for code `column`, then hand the sampler ones that make it
+        draw the forced code (the talker's processors and the sampler still run on them)."""
+        kept = self.kept0[:b] if column == 0 else self.kept_rest[:b, column - 1]
+        kept.copy_(logits)
+        ids = torch.arange(logits.shape[-1], device=logits.device)
         hit = ids == self.forced[:b, column, None]
-        return torch.where(hit, FORCE, -FORCE).to(like.dtype)
-
-    def _sample(self, logits: torch.Tensor, gumbel: torch.Tensor, b: int, predictor: bool) -> torch.Tensor:
-        """The PyTorch sampler's path (CPU, or no Triton): code 0, then codes 1..15 in order."""
-        self._column = self._column + 1 if predictor else 0
-        if predictor:
-            self.kept_rest[:b, self._column - 1].copy_(logits)
-        else:
-            self.kept0[:b].copy_(self.logits[:b])
-        return super()._sample(self._forcing(b, self._column, logits), gumbel, b, predictor)
-
-    def _draw_fused(self, b: int, noise: torch.Tensor) -> torch.Tensor:
-        """`BatchDecoder._draw_fused` with each code's logits kept, then forced (the same
-        calls in the same order otherwise; tests/gpu/test_parity_bf16.py holds the two equal)."""
-        talker, cp, width, nucleus = self.talker, self.talker.code_predictor, self.sample_width, self.nucleus
-        codes, first, frame = self.out_codes[:b], self._first[:b], self._frame[:b]
-        main = RowSettings(self.do_sample[:b], self.temperature[:b], self.top_k[:b], self.top_p[:b])
-        sub = RowSettings(self.sub_do_sample[:b], self.sub_temperature[:b], self.sub_top_k[:b], self.sub_top_p[:b])
-        scores = TalkerScores(self.seen[:b], self.penalty[:b], self.draws[:b], self.min_new[:b], self.control,
-                              self.eos_id, self.active[:b])  # fmt: skip
-        self.kept0[:b].copy_(self.logits[:b])
-        self.logits[:b].copy_(self._forcing(b, 0, self.logits[:b]))
-        table = talker.model.codec_embedding.weight
-        sample_codes(self.logits[:b], noise[:, 0], main, width, nucleus, codes[:, 0], table, first[:, 1], frame,
-                     FRAME_SET, talker=scores)  # fmt: skip
-        first[:, 0].copy_(self.hidden[:b])
-        text = TextRows(self.trailing[:b], self.trailing_len[:b], self.draws[:b], self.pad, self._talker_in[:b])
-        project, cache = cp.small_to_mtp_projection, self.cp_cache.view(slice(0, b))
-        inputs, position, last = project(first), 0, self.groups - 2
-        for j in range(self.groups - 1):
-            out = cp.model(inputs, cache, position)[:, -1]
-            position += inputs.shape[1]
-            table = cp.model.codec_embedding[j].weight
-            following = self._next[:b] if j < last else None
-            logits = gemv.linear(out, cp.lm_head[j].weight)
-            self.kept_rest[:b, j].copy_(logits)
-            logits = self._forcing(b, j + 1, logits)
-            sample_codes(logits, noise[:, j + 1], sub, width, nucleus, codes[:, j + 1], table, following, frame,
-                         FRAME_ADD, text=text if j == last else None)  # fmt: skip
-            if following is not None:
-                inputs = project(following)[:, None]
-        return text.out
+        return torch.where(hit, FORCE, -FORCE).to(logits.dtype)
 
 
 def build_prompt(ck: Qwen3Checkpoint, case: Case, voice: dict[str, torch.Tensor]) -> Any:

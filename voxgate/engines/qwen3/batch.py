@@ -209,9 +209,9 @@ class BatchDecoder:
     def _draw(self, b: int, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The frame's 16 codes for every row (into `out_codes`) and the talker's next input
         (B, H): the sum of their embeddings plus the row's next text embedding."""
-        talker = self.talker
+        talker, logits = self.talker, self._drawn_from(b, 0, self.logits[:b])
         scores = batched_talker_scores(
-            self.logits[:b], self.seen[:b], self.penalty[:b], self.draws[:b] < self.min_new[:b], self.eos, self.control
+            logits, self.seen[:b], self.penalty[:b], self.draws[:b] < self.min_new[:b], self.eos, self.control
         )
         code0 = self._sample(scores, noise[:, 0], b, predictor=False)
         marked = self.seen[:b].gather(1, code0[:, None]) | (self.active[:b, None] != 0)  # held rows: unchanged
@@ -233,8 +233,8 @@ class BatchDecoder:
         scores = TalkerScores(self.seen[:b], self.penalty[:b], self.draws[:b], self.min_new[:b], self.control,
                               self.eos_id, self.active[:b])  # fmt: skip
         table = talker.model.codec_embedding.weight
-        sample_codes(self.logits[:b], noise[:, 0], main, width, nucleus, codes[:, 0], table, first[:, 1], frame,
-                     FRAME_SET, talker=scores)  # fmt: skip
+        sample_codes(self._drawn_from(b, 0, self.logits[:b]), noise[:, 0], main, width, nucleus, codes[:, 0], table,
+                     first[:, 1], frame, FRAME_SET, talker=scores)  # fmt: skip
         first[:, 0].copy_(self.hidden[:b])
         text = TextRows(self.trailing[:b], self.trailing_len[:b], self.draws[:b], self.pad, self._talker_in[:b])
         project, cache = cp.small_to_mtp_projection, self.cp_cache.view(slice(0, b))
@@ -244,12 +244,19 @@ class BatchDecoder:
             position += inputs.shape[1]
             table = cp.model.codec_embedding[j].weight
             following = self._next[:b] if j < last else None
-            logits = gemv.linear(out, cp.lm_head[j].weight)
+            logits = self._drawn_from(b, j + 1, gemv.linear(out, cp.lm_head[j].weight))
             sample_codes(logits, noise[:, j + 1], sub, width, nucleus, codes[:, j + 1], table, following, frame,
                          FRAME_ADD, text=text if j == last else None)  # fmt: skip
             if following is not None:
                 inputs = project(following)[:, None]
         return text.out
+
+    def _drawn_from(self, b: int, column: int, logits: torch.Tensor) -> torch.Tensor:
+        """The logits (b, V) that code `column` (0: the talker's, 1..15: the code predictor's) is
+        drawn from, before any processor or sampler: the model's own, unchanged (no operation,
+        so the captured graphs are the same with or without the hook). The one seam for teacher
+        forcing (`voxgate/bench/parity_runs.py` keeps them and substitutes the teacher's code)."""
+        return logits
 
     def _sample(self, logits: torch.Tensor, gumbel: torch.Tensor, b: int, predictor: bool) -> torch.Tensor:
         """One id per row with each row's talker (or code-predictor) settings."""
@@ -271,7 +278,7 @@ class BatchDecoder:
         for j in range(self.groups - 1):
             out = cp.model(inputs, cache, position)[:, -1]
             position += inputs.shape[1]
-            logits = cp.lm_head[j](out).float()
+            logits = self._drawn_from(b, j + 1, cp.lm_head[j](out).float())
             code = self._sample(logits, noise[:, j + 1], b, predictor=True)
             codes.append(code)
             if j < self.groups - 2:
