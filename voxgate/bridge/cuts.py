@@ -91,6 +91,7 @@ class Cut(NamedTuple):
 IDEOGRAPH = re.compile("[\u3005\u3007\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _IDEOGRAPHS = re.compile(IDEOGRAPH.pattern + "*")
 _IDEOGRAPHS_END = re.compile(IDEOGRAPH.pattern + "*$")
+_WIDE_UNITS = re.compile("[" + IDEOGRAPH.pattern[1:-1] + "\u3000-\u303e\uff01-\uff60\uffe0-\uffe6]*")
 _KANA = re.compile("[\u3040-\u30ff]")
 _HIRAGANA = re.compile("[\u3041-\u309f]")
 _JA_PARTICLES = "はがをにでもへ"  # a phrase ends after these (not の or と: 関ヶ原の戦い, ふるさと納税)
@@ -184,9 +185,10 @@ def is_ideograph(ch: str) -> bool:
     return IDEOGRAPH.match(ch) is not None
 
 
-def ideographs_only(text: str) -> bool:
-    """Only CJK characters (and kana): each 2 columns and one unit, no need to count them."""
-    return _IDEOGRAPHS.fullmatch(text) is not None
+def wide_units_only(text: str) -> bool:
+    """Only CJK characters, kana and full-width marks (，。、：“ is not one): each 2 columns and
+    one unit (`width`, `voxgate.text.count_units`), no need to count them."""
+    return _WIDE_UNITS.fullmatch(text) is not None
 
 
 def width(text: str) -> int:

@@ -66,10 +66,10 @@ from voxgate.bridge.cuts import (
     Cut,
     Gap,
     ScanState,
-    ideographs_only,
     scan,
     skip_space,
     speakable,
+    wide_units_only,
     width,
 )  # fmt: skip
 from voxgate.text import count_units, is_cjk_char
@@ -151,7 +151,8 @@ class Segmenter:
         self._start = 0  # where the pending (not yet emitted) text begins
         self._index = 0
         self._cuts: list[Cut] = []  # boundaries of the pending segment found so far
-        self._sizes: list[_Size] = []  # text[start:cut.pos] measured, one per cut (built as cuts come)
+        self._sizes: list[_Size] = []  # running sizes up to each cut, from `_base` (built as cuts come)
+        self._base = _ORIGIN  # the running sizes at the pending segment's start
         self._judged: tuple[int, int | None, int | None, bool] = (0, None, None, False)  # _choose_main's place
         self._scanned = 0  # where the scan resumes
         self._seen = -1  # the length of the text at the last scan
@@ -183,7 +184,7 @@ class Segmenter:
         kind: Kind = "final" if trigger == "flush" else "main" if self._index else "starter"
         segment = Segment(text=raw.strip(), kind=kind, trigger=trigger, index=self._index, raw=raw)
         first = bisect_right(self._cuts, pos, key=_at)  # no rule reads where a segment starts: no rescan
-        kept, sizes = self._cuts[first:], self._sizes[first:]
+        kept = self._cuts[first:]
         cut_here = first > 0 and self._cuts[first - 1].pos == pos
         self._start, self._index = pos, self._index + 1
         if self._start > self.TRIM_AT:
@@ -193,10 +194,11 @@ class Segmenter:
             self._state = _shifted(self._state, drop)
             kept = [Cut(cut.pos - drop, cut.gap) for cut in kept]
         self._judged = (0, None, None, False)
-        if cut_here:  # the sizes of what is kept, from the cut emitted: subtract, no text measured again
-            self._cuts, self._sizes = kept, _rebase(sizes, self._sizes[first - 1])
+        if cut_here:  # the running sizes stay; the segment's start moves to the cut emitted: nothing measured again
+            self._base = self._sizes[first - 1]
+            self._cuts, self._sizes = kept, self._sizes[first:]
         else:  # an opener or the end: measure
-            self._cuts, self._sizes = [], []
+            self._cuts, self._sizes, self._base = [], [], _ORIGIN
             self._measure(kept)
         self._fresh = bool(kept)  # the next segment's boundaries, still to be chosen from
         return segment
@@ -295,16 +297,19 @@ class Segmenter:
     def _measure(self, found: list[Cut]) -> None:
         """Running sizes of the pending text up to each new cut: each push measures only the
         text it added, so choosing stays cheap however many cuts the segment has."""
+        text, cuts, sizes = self._text, self._cuts, self._sizes
+        before = sizes[-1] if sizes else self._base
         for cut in found:
-            before = self._sizes[-1] if self._sizes else _Size()
-            piece = self._text[self._cuts[-1].pos if self._cuts else self._start : cut.pos]
-            said = speakable(piece)
-            columns, units = (
-                (2 * len(piece), len(piece)) if ideographs_only(piece) else (width(piece), count_units(piece))
-            )
-            self._sizes.append(_Size(before.columns + columns, before.units + units, before.chars + len(piece),
-                                     before.speaks or said, said))  # fmt: skip
-            self._cuts.append(cut)
+            piece = text[cuts[-1].pos if cuts else self._start : cut.pos]
+            chars = before.chars + len(piece)
+            if wide_units_only(piece):  # CJK characters and marks: 2 columns and one unit each, no need to count
+                before = _Size(before.columns + 2 * len(piece), before.units + len(piece), chars,
+                               chars if speakable(piece) else before.said_at)  # fmt: skip
+            else:
+                before = _Size(before.columns + width(piece), before.units + count_units(piece), chars,
+                               chars if speakable(piece) else before.said_at)  # fmt: skip
+            sizes.append(before)
+            cuts.append(cut)
 
     def _choose_main(self, cuts: list[Cut]) -> tuple[int, Trigger] | None:
         """The first sentence end; a clause mark once `main_min_width` wide; past the maximum
@@ -312,6 +317,7 @@ class Segmenter:
         boundary at least `main_min_width` wide, or, when an unbreakable span leaves none, the
         first cut after it: wider, never a fragment. Resumes at the first cut not yet judged."""
         cfg, text, start, sizes = self.config, self._text, self._start, self._sizes
+        base_columns, base_units, base_chars, _ = self._base
         max_width = cfg.second_max_width if self._index == 1 else cfg.main_max_width
         min_chars, min_width = cfg.min_chars, cfg.main_min_width
         narrowest_clause = min_width * 2 // 3
@@ -324,18 +330,19 @@ class Segmenter:
             cut, size = cuts[k], sizes[k]
             pos, gap = cut
             spaces = lead + (_trailing_space(text, start, pos) if text[pos - 1].isspace() else 0)
-            if size.chars - spaces >= min_chars and size.speaks:
+            if size.chars - base_chars - spaces >= min_chars and size.said_at > base_chars:
                 if gap == _SENTENCE:
                     found = pos, "punctuation"
                     break
-                columns = size.columns - spaces
+                columns = size.columns - base_columns - spaces
                 if columns > max_width:
                     found = (clause if clause is not None else weak if weak is not None else pos), "length"
                     break
                 if gap == _CLAUSE and columns >= min_width:
                     found = pos, "punctuation"
                     break
-                if gap <= _CHAR and not punctuated and size.units >= (phrase_flush if gap == _CHAR else word_flush):
+                flush = phrase_flush if gap == _CHAR else word_flush
+                if gap <= _CHAR and not punctuated and size.units - base_units >= flush:
                     found = pos, "length"
                     break
                 if gap == _CLAUSE and columns >= narrowest_clause:
@@ -350,22 +357,17 @@ class Segmenter:
 
 
 class _Size(NamedTuple):  # a tuple, not a frozen dataclass: one is built per boundary (~0.2 us against ~1 us)
+    """Running sizes of the text from an origin (the stream's, or the last opener's) up to a
+    cut: a segment's sizes are the differences from those at its start (`Segmenter._base`), so
+    emitting a segment moves the base and measures nothing again."""
+
     columns: int = 0  # display width (CJK 2)
     units: int = 0  # CJK characters and Latin words
     chars: int = 0
-    speaks: bool = False  # a letter or digit somewhere
-    said: bool = False  # a letter or digit in the piece since the cut before
+    said_at: int = -1  # `chars` at the end of the last piece with a letter or digit: a segment speaks if past its start
 
 
-def _rebase(sizes: list[_Size], base: _Size) -> list[_Size]:
-    """Running sizes measured from an earlier start, measured from the cut at `base` instead
-    (an emitted cut's successors: the segmenter's pieces are the same, only the sums move)."""
-    out, speaks = [], False
-    for size in sizes:
-        speaks = speaks or size.said
-        out.append(_Size(size.columns - base.columns, size.units - base.units, size.chars - base.chars, speaks,
-                         size.said))  # fmt: skip
-    return out
+_ORIGIN = _Size()
 
 
 def _shifted(state: ScanState, drop: int) -> ScanState:
