@@ -181,6 +181,15 @@ class Settings(BaseSettings):
         None, description="Voice agent: an OpenAI-compatible /v1/audio/transcriptions base URL instead of whisper."
     )
     agent_whisper_model: str = Field("tiny.en", description="Voice agent: tiny.en (packaged) or base (multilingual).")
+    agent_whisper_device: Literal["cpu", "cuda", "auto"] = Field(
+        "cpu",
+        description="Voice agent: where whisper runs; auto tries CUDA (a test decode) and falls back to the CPU.",
+    )
+    agent_whisper_compute_type: str = Field(
+        "auto",
+        description="Voice agent: whisper's CTranslate2 compute type; auto = int8 on the CPU, float16 on CUDA.",
+    )
+    agent_whisper_threads: int = Field(2, ge=1, le=64, description="Voice agent: CPU threads whisper decodes with.")
     agent_stt_streaming: bool = Field(
         False, description="Voice agent: transcribe while the user speaks (whisper only), the tail after the turn."
     )
@@ -194,6 +203,10 @@ class Settings(BaseSettings):
     agent_turn_model: bool = Field(
         True, description="Voice agent: ask the Smart Turn model whether a pause ends the turn (else the VAD alone)."
     )
+    agent_turn_model_path: Path | None = Field(
+        None, description="Voice agent: the Smart Turn ONNX file (default: the one in pipecat-ai's wheel)."
+    )
+    agent_turn_threads: int = Field(1, ge=1, le=64, description="Voice agent: ONNX Runtime threads of the turn model.")
     agent_turn_threshold: float = Field(
         0.5, gt=0, le=1, description="Voice agent: turn model probability at which a pause ends the turn."
     )

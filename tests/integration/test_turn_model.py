@@ -112,8 +112,20 @@ def test_turn_decisions_do_not_depend_on_chunking(model, say):
     assert framed == without_latency(turns(audio, model)) and len(framed) == 2
 
 
+def test_the_model_is_read_from_a_file_named_in_the_settings(model, say, tmp_path: Path):
+    # VOXGATE_AGENT_TURN_MODEL_PATH: the onnx file alone, carried where pipecat-ai is not installed
+    path = smart_turn_path()
+    assert path is not None
+    copy = tmp_path / "smart-turn.onnx"
+    copy.write_bytes(path.read_bytes())
+    named = SmartTurnModel(copy, threads=2)
+    assert named.path == copy
+    audio = line(silence(300), say(QUESTION), silence(300))
+    assert named.probability(audio) == pytest.approx(model.probability(audio), abs=1e-5)
+
+
 def test_a_missing_or_broken_model_file_is_a_typed_error(tmp_path: Path):
-    with pytest.raises(TurnModelMissing):
+    with pytest.raises(TurnModelMissing, match="no turn model file at"):
         SmartTurnModel(tmp_path / "absent.onnx")
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"not an onnx graph")

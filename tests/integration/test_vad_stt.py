@@ -20,6 +20,7 @@ from voxgate.agent.stt import (
     HttpSttConfig,
     HttpTranscriber,
     SttBadResponse,
+    SttError,
     SttModelMissing,
     SttServerError,
     SttUnavailable,
@@ -30,7 +31,7 @@ from voxgate.agent.stt import (
 from voxgate.agent.vad import SpeechEnded, SpeechStarted, StreamingVad, VadConfig
 from voxgate.audio import decode_wav, resample
 from voxgate.bench.quality import word_error_rate
-from voxgate.types import UnsupportedLanguage
+from voxgate.types import InvalidRequest, UnsupportedLanguage
 
 pytestmark = pytest.mark.slow
 SENTENCE = "Please book a table for four people at seven tonight near the station."
@@ -153,6 +154,26 @@ def test_whisper_transcribes_the_turn_the_vad_cut(call, whisper):
 def test_english_model_refuses_other_languages(whisper):
     with pytest.raises(UnsupportedLanguage):
         whisper.transcribe(np.zeros(RATE, np.float32), RATE, language="zh")
+
+
+def test_whisper_on_auto_decodes_where_it_can_and_cuda_it_cannot_reach_is_a_typed_error(call):
+    import ctranslate2
+
+    auto = WhisperTranscriber(WhisperConfig(device="auto", cpu_threads=1))
+    assert auto.compute_type == {"cpu": "int8", "cuda": "float16"}[auto.device]
+    heard = auto.transcribe(call.audio, RATE)
+    assert word_error_rate(SENTENCE, heard.text) <= MAX_WER, (auto.device, heard.text)
+    if ctranslate2.get_cuda_device_count() == 0:  # the test machines: no GPU
+        assert auto.device == "cpu"
+        with pytest.raises(SttError, match="CUDA"):
+            WhisperTranscriber(WhisperConfig(device="cuda"))
+
+
+def test_whisper_settings_refuse_an_unknown_device_and_pass_an_explicit_compute_type():
+    with pytest.raises(InvalidRequest, match="cpu, cuda or auto"):
+        WhisperConfig(device="gpu")  # type: ignore[arg-type]
+    assert WhisperConfig(compute_type="int8_float16").compute_for("cuda") == "int8_float16"
+    assert WhisperConfig().compute_for("cpu") == "int8"
 
 
 def test_missing_model_is_a_typed_error(tmp_path):

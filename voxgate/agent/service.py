@@ -41,7 +41,9 @@ class AgentService:
                 if s.agent_stt_url:
                     self._transcriber = HttpTranscriber(HttpSttConfig(s.agent_stt_url))
                 else:
-                    whisper = WhisperTranscriber(WhisperConfig(model=s.agent_whisper_model))
+                    whisper = WhisperTranscriber(WhisperConfig(
+                        model=s.agent_whisper_model, device=s.agent_whisper_device,
+                        compute_type=s.agent_whisper_compute_type, cpu_threads=s.agent_whisper_threads))  # fmt: skip
                     whisper.warmup()
                     self._transcriber = whisper
             return self._transcriber
@@ -49,10 +51,12 @@ class AgentService:
     def turn_model(self) -> SmartTurnModel | None:
         """The shared turn model, loaded on the first call; None (said once) when it is off or missing."""
         with self._lock:
-            if not self._turn_model_tried and self.state.settings.agent_turn_model:
+            s = self.state.settings
+            if not self._turn_model_tried and s.agent_turn_model:
                 self._turn_model_tried = True
                 try:
-                    self._turn_model = SmartTurnModel()
+                    self._turn_model = SmartTurnModel(s.agent_turn_model_path, threads=s.agent_turn_threads)
+                    log.info("turn model %s on the CPU (%d threads)", self._turn_model.path.name, s.agent_turn_threads)
                 except TurnModelMissing as exc:
                     log.warning("voice agent: %s; the VAD alone ends turns", exc.message)
             return self._turn_model

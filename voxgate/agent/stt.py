@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import httpx
 import numpy as np
@@ -128,20 +128,38 @@ def to_stt_audio(pcm: np.ndarray, sample_rate: int) -> np.ndarray:
 # ---------------------------------------------------------------------------- faster-whisper
 
 
+Device = Literal["cpu", "cuda", "auto"]
+AUTO_COMPUTE = {"cpu": "int8", "cuda": "float16"}  # compute_type "auto", by the device it runs on
+
+
 @dataclass(frozen=True, slots=True)
 class WhisperConfig:
     """`model` is "tiny.en" (packaged English), "base" (packaged multilingual, joined into
-    `cache_dir`, default ~/.cache/voxgate) or a local CTranslate2 whisper directory."""
+    `cache_dir`, default ~/.cache/voxgate) or a local CTranslate2 whisper directory.
+
+    `device` "auto" tries CUDA and keeps it only if a test decode runs there (CTranslate2's
+    PyPI wheel loads cuBLAS only at the first decode, and a machine can have a GPU and not the
+    cuBLAS it was built for), else the CPU. `compute_type` "auto" is `AUTO_COMPUTE`'s for the
+    device it ends on; any other CTranslate2 compute type is used as given."""
 
     model: str = "tiny.en"
-    compute_type: str = "int8"
+    compute_type: str = "auto"
     cpu_threads: int = 2
     beam_size: int = 1
     cache_dir: Path | None = None
+    device: Device = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda", "auto"):
+            raise InvalidRequest(f"whisper device must be cpu, cuda or auto, got {self.device!r}")
+
+    def compute_for(self, device: str) -> str:
+        return AUTO_COMPUTE[device] if self.compute_type == "auto" else self.compute_type
 
 
 class WhisperTranscriber:
-    """faster-whisper on the CPU; thread-safe (CTranslate2 queues concurrent calls)."""
+    """faster-whisper on the CPU or a CUDA GPU; thread-safe (CTranslate2 queues concurrent
+    calls). `device` says where it ended up ("auto" resolved)."""
 
     def __init__(self, config: WhisperConfig | None = None) -> None:
         self.config = config = config or WhisperConfig()
@@ -151,12 +169,27 @@ class WhisperTranscriber:
         except ImportError as exc:
             raise SttModelMissing(f"faster-whisper==1.2.1 is not installed ({exc})") from None
         t0 = time.perf_counter()
-        self._model = WhisperModel(
-            str(model_dir), device="cpu", compute_type=config.compute_type, cpu_threads=config.cpu_threads
-        )
-        self.languages: tuple[str, ...] = tuple(self._model.supported_languages)
+        self.device = "cpu"
+        if config.device in ("cuda", "auto"):
+            try:
+                self._load(WhisperModel(str(model_dir), device="cuda", compute_type=config.compute_for("cuda")), "cuda")
+                self.warmup()  # CUDA's libraries (cuBLAS) load at the first decode, not in the constructor
+            except Exception as exc:  # no GPU, a CPU-only build, no cuBLAS of its version: CTranslate2's own errors
+                if config.device == "cuda":
+                    raise SttError(f"whisper cannot run on CUDA: {exc}") from None
+                log.warning("whisper: CUDA unusable (%s); decoding on the CPU", exc)
+                self.device = "cpu"
+        if self.device == "cpu":
+            self._load(WhisperModel(str(model_dir), device="cpu", compute_type=config.compute_for("cpu"),
+                                    cpu_threads=config.cpu_threads), "cpu")  # fmt: skip
+        log.info("whisper %s on %s (%s%s) loaded from %s in %.2f s", config.model, self.device, self.compute_type,
+                 f", {config.cpu_threads} threads" if self.device == "cpu" else "", model_dir,
+                 time.perf_counter() - t0)  # fmt: skip
+
+    def _load(self, model: Any, device: str) -> None:
+        self._model, self.device, self.compute_type = model, device, self.config.compute_for(device)
+        self.languages: tuple[str, ...] = tuple(model.supported_languages)
         self.multilingual = len(self.languages) > 1
-        log.info("whisper %s loaded from %s in %.2f s", config.model, model_dir, time.perf_counter() - t0)
 
     def transcribe(self, pcm: np.ndarray, sample_rate: int, language: str | None = None) -> Transcript:
         t0 = time.perf_counter()

@@ -82,6 +82,8 @@ class SmartTurnModel:
     sample_rate = VAD_RATE
 
     def __init__(self, path: Path | None = None, threads: int = 1) -> None:
+        if path is not None and not path.is_file():  # a file named in the settings (VOXGATE_AGENT_TURN_MODEL_PATH)
+            raise TurnModelMissing(f"no turn model file at {path}")
         path = path or smart_turn_path()
         if path is None or not path.is_file():
             raise TurnModelMissing(f"the turn model needs pipecat-ai==1.14.0 (its {MODEL_FILE}), installed --no-deps")

@@ -21,9 +21,11 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
+from voxgate.bench.questions import Question, RecordedSet, Recording, write_recordings
 from voxgate.bench.server import ServerProcess, add_set_argument, settings_env
 from voxgate.bench.stats import machine, summary, write_report
 
@@ -44,35 +46,67 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(issue 20; espeak-ng voices and Piper, one call per question)")  # fmt: skip
     parser.add_argument("--limit", type=int, default=0, help="multi: only the set's first N questions (default all)")
     parser.add_argument(
+        "--questions-dir",
+        default=None,
+        help="say the questions recorded in this folder (--record-questions) instead of making them",
+    )
+    parser.add_argument("--record-questions", default=None, metavar="DIR",
+                        help="record both sets' questions (espeak-ng voices and Piper) into DIR and exit: for a "
+                             "machine that has neither (the GPU machine, bench/gpu_bundle_agent.sh)")  # fmt: skip
+    parser.add_argument(
         "--stuck-s", type=float, default=20.0, help="multi: no reply this long after the question: stuck"
     )
     add_set_argument(parser)
     parser.add_argument("--output-json", default=None, help="where to write results (default bench/results/...)")
 
 
-async def _call(url: str, turns: int, barge_every: int) -> dict[str, Any]:
-    from voxgate.agent.bot import AgentBot
+def basic_questions() -> list[Question]:
+    """The basic set's questions and, last, the interruption, as single-sentence questions."""
+    return [Question(f"basic-{i}", "single", (text,), (), text) for i, text in enumerate([*QUESTIONS, INTERRUPT])]
+
+
+def basic_recordings(recorded: RecordedSet | None = None) -> list[Recording]:
+    """`basic_questions()` said by the packaged Piper voice as it speaks them (no lead, its own
+    level), or read from a recorded set."""
+    if recorded is not None:
+        return [recorded.get(q) for q in basic_questions()]
     from voxgate.engines.piper import PiperEngine
     from voxgate.types import CancelToken, SynthesisRequest
 
     engine = PiperEngine()
     voice = engine.voices()[0].id
+    out = []
+    for q in basic_questions():
+        chunks = list(engine.stream(SynthesisRequest(text=q.expected, voice=voice), CancelToken()))
+        samples, rate = np.concatenate([c.samples for c in chunks]), chunks[0].sample_rate
+        out.append(Recording(q, "piper", samples, rate, ((0.0, len(samples) / rate),)))
+    return out
 
-    def speech(text: str) -> tuple[np.ndarray, int]:
-        chunks = list(engine.stream(SynthesisRequest(text=text, voice=voice), CancelToken()))
-        return np.concatenate([c.samples for c in chunks]), chunks[0].sample_rate
 
+def record_sets(folder: Path) -> Path:
+    """Both sets (the multi-sentence set with its warm-up, and the basic one) into `folder`."""
+    from voxgate.bench import agent_set
+
+    multi, warm_up = agent_set.recordings(0)
+    return write_recordings(folder, [*multi, warm_up, *basic_recordings()])
+
+
+async def _call(url: str, turns: int, barge_every: int, speech: list[Recording]) -> dict[str, Any]:
+    from voxgate.agent.bot import AgentBot
+
+    *questions, interrupt = speech
     bot = AgentBot()
     call_id = await bot.connect(url)
     ends, audible, stuck = 0, [], 0
     try:
         for turn in range(turns):
             barge = barge_every > 0 and (turn + 1) % barge_every == 0
-            said = await bot.say(*speech(QUESTIONS[turn % len(QUESTIONS)]))
+            q = questions[turn % len(questions)]
+            said = await bot.say(q.samples, q.sample_rate)
             want = ends + 1
             if barge:
                 await bot.wait_for(lambda s=said: _rms(bot.received_audio(since=s)[-1600:]) > AUDIBLE_RMS, 30)
-                said = await bot.say(*speech(INTERRUPT))
+                said = await bot.say(interrupt.samples, interrupt.sample_rate)
                 want = ends + 2
             if not await bot.wait_for(lambda w=want: _count(bot, "reply.end") >= w, 60):
                 stuck += 1
@@ -151,16 +185,27 @@ def _target(args: argparse.Namespace) -> Iterator[tuple[str, Path]]:
             yield server.url, trace_dir
 
 
+def same_host(url: str | None) -> bool:
+    """Whether the server's clock is this process's (a server started here, or on loopback):
+    its trace marks and the bot's times are then on one monotonic clock."""
+    if not url:
+        return True
+    host = urlsplit(url).hostname or ""
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
 def _command(args: argparse.Namespace) -> str:
     if args.questions == "multi":
         shape = f"--questions multi --stuck-s {args.stuck_s:g}" + (f" --limit {args.limit}" if args.limit else "")
     else:
         shape = f"--turns {args.turns} --barge-every {args.barge_every}"
+    shape += f" --questions-dir {args.questions_dir}" if args.questions_dir else ""
     return f"voxgate bench agent {shape}" + "".join(f" --set {kv}" for kv in args.set)
 
 
 def _basic(args: argparse.Namespace, url: str, trace_dir: Path) -> tuple[dict[str, Any], str]:
-    call = asyncio.run(_call(url, args.turns, args.barge_every))
+    speech = basic_recordings(RecordedSet(Path(args.questions_dir)) if args.questions_dir else None)
+    call = asyncio.run(_call(url, args.turns, args.barge_every, speech))
     time.sleep(0.5)  # the call's last trace line
     path = trace_dir / f"{call['call_id']}.jsonl"
     traces = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
@@ -171,10 +216,13 @@ def _basic(args: argparse.Namespace, url: str, trace_dir: Path) -> tuple[dict[st
 def run_agent_bench(args: argparse.Namespace) -> int:
     from voxgate.bench import agent_set
 
+    if args.record_questions:
+        print(f"recorded: {record_sets(Path(args.record_questions))}")
+        return 0
     before = machine()
     with _target(args) as (url, trace_dir):
         if args.questions == "multi":
-            body, table = agent_set.run(args, url, trace_dir, same_host=not args.url)
+            body, table = agent_set.run(args, url, trace_dir, same_host=same_host(args.url))
         else:
             body, table = _basic(args, url, trace_dir)
     stamp = datetime.now(UTC)

@@ -20,7 +20,16 @@ from typing import Any
 import numpy as np
 
 from voxgate.bench.answers import Asked, summarise, table
-from voxgate.bench.questions import PIPER, Question, Recording, Speakers, available_voices, load_questions, record
+from voxgate.bench.questions import (
+    PIPER,
+    Question,
+    RecordedSet,
+    Recording,
+    Speakers,
+    available_voices,
+    load_questions,
+    record,
+)
 from voxgate.bench.questions import record_all as record_questions
 
 AUDIBLE_RMS = 0.01
@@ -67,8 +76,7 @@ async def ask(url: str, rec: Recording, stuck_s: float) -> Asked:
     return Asked(q.id, q.kind, rec.voice, q.expected, len(q.sentences), said, tuple(bot.events), audible, call_id)
 
 
-async def ask_all(url: str, recordings: list[Recording], stuck_s: float) -> list[Asked]:
-    warm_up = record(WARM_UP, PIPER, Speakers())
+async def ask_all(url: str, recordings: list[Recording], stuck_s: float, warm_up: Recording) -> list[Asked]:
     await ask(url, warm_up, stuck_s)
     asked = []
     for i, rec in enumerate(recordings):
@@ -77,10 +85,15 @@ async def ask_all(url: str, recordings: list[Recording], stuck_s: float) -> list
     return asked
 
 
-def recordings(limit: int) -> list[Recording]:
-    """The set (its first `limit` questions when > 0), spoken by the voices available here."""
+def recordings(limit: int, recorded: RecordedSet | None = None) -> tuple[list[Recording], Recording]:
+    """The set (its first `limit` questions when > 0) and the warm-up question, spoken by the
+    voices available here, or read from a set recorded earlier (`voxgate bench agent
+    --record-questions`, for a machine without espeak-ng or Piper)."""
     questions = load_questions()
-    return record_questions(questions[:limit] if limit > 0 else questions, available_voices())
+    questions = questions[:limit] if limit > 0 else questions
+    if recorded is not None:
+        return [recorded.get(q) for q in questions], recorded.get(WARM_UP)
+    return record_questions(questions, available_voices()), record(WARM_UP, PIPER, Speakers())
 
 
 def read_traces(trace_dir: Path, call_ids: list[str]) -> list[dict[str, Any]]:
@@ -92,8 +105,9 @@ def read_traces(trace_dir: Path, call_ids: list[str]) -> list[dict[str, Any]]:
 
 def run(args: argparse.Namespace, url: str, trace_dir: Path, same_host: bool) -> tuple[dict[str, Any], str]:
     """Ask the whole set; returns the report's body (summary, the calls, their traces) and its table."""
-    recs = recordings(args.limit)
-    asked = asyncio.run(ask_all(url, recs, args.stuck_s))
+    recorded = RecordedSet(Path(args.questions_dir)) if args.questions_dir else None
+    recs, warm_up = recordings(args.limit, recorded)
+    asked = asyncio.run(ask_all(url, recs, args.stuck_s, warm_up))
     time.sleep(0.5)  # the last call's trace line
     traces = read_traces(trace_dir, [a.call_id for a in asked])
     result = summarise(asked, traces, same_host, args.stuck_s)

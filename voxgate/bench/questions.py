@@ -10,6 +10,7 @@ differs by voice), so a premature end of turn can be told from a late one.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from voxgate.audio import decode_wav
+from voxgate.audio import decode_wav, wav_bytes
 from voxgate.regress.e2e.speech import join_sentences
 from voxgate.types import VoxgateError
 
@@ -196,3 +197,66 @@ def record_all(questions: list[Question], voices: tuple[Voice, ...]) -> list[Rec
     """Question i spoken by voices[i % len(voices)]."""
     speakers = Speakers()
     return [record(q, voices[i % len(voices)], speakers) for i, q in enumerate(questions)]
+
+
+# ---------------------------------------------------------------------------- recorded sets
+
+MANIFEST = "recordings.json"
+RECORDED_FORMAT = 1
+_FILE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def write_recordings(folder: Path, recordings: list[Recording]) -> Path:
+    """Recordings as 16-bit WAV files in `folder` with a manifest (each question's sentences,
+    pauses, voice and spans), for a machine that cannot make them (no espeak-ng or Piper there):
+    `RecordedSet(folder)` reads them back. Returns the manifest's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for rec in recordings:
+        q = rec.question
+        name = _FILE_NAME.sub("_", f"{q.id}--{rec.voice}") + ".wav"
+        (folder / name).write_bytes(wav_bytes(rec.samples, rec.sample_rate))
+        entries.append({"file": name, "id": q.id, "kind": q.kind, "sentences": list(q.sentences),
+                        "pauses_ms": list(q.pauses_ms), "expected": q.expected, "voice": rec.voice,
+                        "spans_s": [list(s) for s in rec.spans_s]})  # fmt: skip
+    if len({e["id"] for e in entries}) != len(entries):
+        raise QuestionSetError("a recorded set holds each question once")
+    manifest = folder / MANIFEST
+    manifest.write_text(json.dumps({"format": RECORDED_FORMAT, "recordings": entries}, indent=1) + "\n")
+    return manifest
+
+
+class RecordedSet:
+    """The recordings `write_recordings` left in a folder, by question id. `get(question)`
+    refuses a recording of other words or pauses than the question's (a set recorded before
+    the question file changed): `QuestionSetError`, as for a missing or unreadable file."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        try:
+            raw = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+            if raw.get("format") != RECORDED_FORMAT:
+                raise QuestionSetError(f"{folder / MANIFEST}: format {raw.get('format')!r}, not {RECORDED_FORMAT}")
+            self._entries = {str(e["id"]): e for e in raw["recordings"]}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise QuestionSetError(f"no readable recorded question set in {folder}: {exc}") from None
+
+    def __contains__(self, question_id: str) -> bool:
+        return question_id in self._entries
+
+    def get(self, question: Question) -> Recording:
+        entry = self._entries.get(question.id)
+        if entry is None:
+            raise QuestionSetError(f"{self.folder} has no recording of {question.id!r}; record the set again")
+        if tuple(entry["sentences"]) != question.sentences or tuple(entry["pauses_ms"]) != question.pauses_ms:
+            raise QuestionSetError(f"{self.folder}: {question.id!r} was recorded with other words or pauses; "
+                                   "record the set again")  # fmt: skip
+        name = str(entry["file"])
+        if _FILE_NAME.search(name):  # the manifest names files in this folder only
+            raise QuestionSetError(f"{self.folder}: bad file name {name!r} in the manifest")
+        try:
+            samples, rate = decode_wav((self.folder / name).read_bytes())
+        except (OSError, VoxgateError) as exc:
+            raise QuestionSetError(f"{self.folder / name}: {exc}") from None
+        spans = tuple((float(a), float(b)) for a, b in entry["spans_s"])
+        return Recording(question, str(entry["voice"]), samples, rate, spans)
