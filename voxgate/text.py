@@ -40,7 +40,7 @@ def split_units(text: str) -> list[Unit]:
 
 
 def count_units(text: str) -> int:
-    return sum(1 for _ in _UNIT_RE.finditer(text))
+    return len(_UNIT_RE.findall(text))
 
 
 def is_cjk_char(ch: str) -> bool:

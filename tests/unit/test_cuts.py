@@ -9,8 +9,10 @@ import random
 import pytest
 
 from voxgate.bridge.corpus import check_corpus, load_replies, make_replies, marked_reply, split_reply
+from voxgate.bridge.cuts import Gap, classify, wide_units_only, width
 from voxgate.bridge.segmenter import Segmenter
 from voxgate.config import DEFAULT_STARTERS
+from voxgate.text import count_units
 
 
 def _segments(text: str, openers: tuple[str, ...] = (), sizes: tuple[int, ...] = (1,)) -> list[str]:
@@ -259,6 +261,26 @@ def test_a_cjk_length_cut_never_leaves_one_or_two_characters_before_punctuation(
     text = "我们下周找个时间一起吃饭然后再好好聊一聊这个项目的细节问题可以吗？"
     for segment in _segments(text)[1:]:
         assert not (len(segment) <= 3 and segment[-1] in "？。，！"), segment
+
+
+@pytest.mark.parametrize("before", ["国", "〇", "カ", "ー", "々"])
+@pytest.mark.parametrize("after", ["家", "A", "5", "😂", "“", "\n"])
+def test_a_cjk_stop_after_a_cjk_word_is_a_clause_or_sentence_boundary(before, after):
+    """The gap after ，、；： (a clause) or 。！？ (a sentence) and a CJK word, whatever follows; a
+    full-width colon between digits is a time (9：00), not a boundary."""
+    for marks, gap in (("，、；：", Gap.CLAUSE), ("。！？", Gap.SENTENCE)):
+        for mark in marks:
+            assert classify(f"我们{before}{mark}{after}", 4, 4) == gap, (before, mark, after)
+    assert classify("考试9：00开始", 4, 4) is None
+    assert classify("什么 ・，好", 5, 5) is None  # a mark after only a middle dot: nothing to say before it
+
+
+def test_measuring_cjk_text_without_counting_agrees_with_counting():
+    """The segmenter takes a piece of CJK characters and full-width marks as 2 columns and one
+    unit a character without counting: true of every character it takes so."""
+    wide = [chr(c) for c in range(0x3000, 0x10000) if wide_units_only(chr(c))]
+    assert len(wide) > 20_000 and "，" in wide and "。" in wide and "“" not in wide and "ｶ" not in wide
+    assert all(width(ch) == 2 and count_units(ch) == 1 for ch in wide)
 
 
 def test_japanese_is_cut_between_phrases_not_inside_words():

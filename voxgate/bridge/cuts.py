@@ -109,6 +109,8 @@ _ZH_OPENERS = frozenset(  # a phrase starts with these
 SENTENCE = ".!?…。！？"
 CLAUSE = ",;:，、；：—"
 _FREE = "…。！？，、；：—"  # CJK-style marks: a boundary even with no space after them
+_CJK_STOPS = "。！？，、；："  # of those, the ones that end a clause or sentence after any CJK word
+_WORD_CHAR = re.compile(f"(?=\\w){IDEOGRAPH.pattern}")  # a CJK character that is a letter (not ・ or ゠)
 _CLOSERS = "\"'”’」』）)]》〉】"
 _TRAILING = _CLOSERS + "*_`"
 _MARKS = SENTENCE + CLAUSE + _CLOSERS
@@ -660,6 +662,8 @@ def _latin_label(text: str, word_start: int, core: str, after: str) -> bool:
 
 def classify(text: str, i: int, end: int) -> Gap | None:
     """What kind of boundary the gap text[i:end] (whitespace or nothing) is, if any."""
+    if i == end and i > 1 and (mark := text[i - 1]) in _CJK_STOPS and _WORD_CHAR.match(text, i - 2):
+        return Gap.CLAUSE if mark in CLAUSE else Gap.SENTENCE  # 字，字 (Chinese text's most common gap): as below
     spaced, after = i < end, text[end]
     word_start = _WORD_TAIL.search(text, max(i - LOOKBACK, 0), i).start()
     word = text[word_start:i]
