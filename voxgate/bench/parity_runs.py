@@ -10,10 +10,6 @@ carries over from one frame to the next.
 
 from __future__ import annotations
 
-import importlib
-import importlib.machinery
-import sys
-import types
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -21,15 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from voxgate.bench.import_stubs import UNUSED_BY_12HZ, stub_missing
 from voxgate.engines.qwen3.batch import Admission, BatchDecoder
 from voxgate.engines.qwen3.loader import Qwen3Checkpoint
 from voxgate.engines.qwen3.prompt import PromptBuilder
 
 FORCE = 1e4  # a forced code's logit (others get -FORCE): beyond any temperature, penalty or Gumbel noise
-# Imported by `import qwen_tts` but used only by its 25 Hz tokenizer, its demo or audio files;
-# the device machine's bundle leaves them out (bench/gpu_bundle_parity.sh), so stubs stand in.
-UNUSED_BY_12HZ = ("sox", "torchaudio", "torchaudio.compliance", "torchaudio.compliance.kaldi", "librosa",
-                  "librosa.filters", "soundfile", "onnxruntime")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,32 +49,9 @@ class Trace:
     pcm: np.ndarray
 
 
-def _stub(name: str) -> None:
-    def missing(*_: Any, **__: Any) -> Any:
-        raise RuntimeError(f"{name} is not installed; the 12 Hz parity path should not need it")
-
-    module = types.ModuleType(name)
-    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
-
-    def attribute(attr: str) -> Any:  # PEP 562: any name imported from it is the stand-in
-        if attr.startswith("__"):
-            raise AttributeError(attr)  # the import system's own probes (__path__, ...)
-        return missing
-
-    module.__getattr__ = attribute
-    sys.modules[name] = module
-    parent, _, child = name.rpartition(".")
-    if parent:
-        setattr(sys.modules[parent], child, module)
-
-
 def load_official(model_dir: Path, device: str, dtype: torch.dtype, attention: str = "eager") -> Any:
     """The official `Qwen3TTSModel` on the checkpoint, offline."""
-    for name in UNUSED_BY_12HZ:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            _stub(name)
+    stub_missing(UNUSED_BY_12HZ)  # the device machine's bundle leaves them out (bench/gpu_bundle_parity.sh)
     import qwen_tts
 
     return qwen_tts.Qwen3TTSModel.from_pretrained(

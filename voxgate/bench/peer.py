@@ -31,14 +31,13 @@ import importlib.machinery
 import importlib.metadata
 import json
 import statistics
-import sys
 import time
-import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from voxgate.bench.import_stubs import stub_missing
 from voxgate.bench.stats import percentile
 
 PEER = "faster-qwen3-tts"
@@ -75,13 +74,7 @@ _UNUSED_BY_12HZ = ("sox", "torchaudio", "torchaudio.compliance", "torchaudio.com
 
 def _stub_unused_imports() -> None:
     """Stand empty modules in for the 25 Hz tokenizer's imports where they do not import here."""
-    for name in _UNUSED_BY_12HZ:
-        try:
-            importlib.import_module(name)
-        except (ImportError, OSError):
-            stub = types.ModuleType(name)
-            stub.__spec__ = importlib.machinery.ModuleSpec(name, None)
-            sys.modules[name] = stub
+    stub_missing(_UNUSED_BY_12HZ)
 
 
 def _import_peer() -> tuple[Any, str]:

@@ -8,7 +8,9 @@ PCM out (TTFA) and to the last (RTF = wall time / audio time). Every utterance h
 2. N streams started together, for each concurrency: TTFA p50/p95, the worst stream's RTF,
    aggregate audio-seconds per wall-second, peak GPU memory.
 `--peer faster-qwen3-tts` runs the peer on the same checkpoint in the same process for
-side-by-side rows (see `voxgate.bench.peer`).
+side-by-side rows (see `voxgate.bench.peer`); `--peer faster-qwen3-tts-batch` runs the batched
+peer on its own stack in a subprocess, a row beside each of our concurrency rows
+(`voxgate.bench.peer_batch`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from voxgate.bench.peer_batch import PEER_BATCH, ratios, run_batch_peer
 from voxgate.bench.stats import machine, percentile, write_report
 
 TEXT = (
@@ -44,7 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="batched runner or one-stream eager path (auto: batched on a GPU only)")  # fmt: skip
     parser.add_argument("--compile", action="store_true", help="torch.compile the step before capture")
     parser.add_argument("--max-streams", type=int, default=0, help="batch rows (default: the largest concurrency)")
-    parser.add_argument("--peer", default=None, choices=["faster-qwen3-tts"], help="also run this peer")
+    parser.add_argument(
+        "--peer",
+        default=None,
+        choices=["faster-qwen3-tts", "faster-qwen3-tts-batch"],
+        help="also run this peer (the batched one: beside the --concurrency rows, CUDA only)",
+    )
+    parser.add_argument("--peer-site", default="/tmp/peer-site",
+                        help="the batched peer's stack (pip install --target dir; bench/gpu_peer.sh)")  # fmt: skip
     parser.add_argument("--output-json", default=None)
 
 
@@ -142,6 +152,9 @@ def run_tts_bench(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
     packets = [int(p) for p in args.packet_frames.split(",") if p]
+    if args.peer == PEER_BATCH and (not concurrency or not args.device.startswith("cuda")):
+        print(f"--peer {PEER_BATCH} needs --concurrency and --device cuda (its rows are batches on a GPU)")
+        return 2
     dtype = getattr(torch, args.dtype)
     t0 = time.perf_counter()
     ck = load_checkpoint(Path(args.model_dir), args.device, dtype, fused_kernels=not args.no_kernels)
@@ -181,7 +194,13 @@ def run_tts_bench(args: argparse.Namespace) -> int:
             result["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     finally:
         engine.close()
-    if args.peer:
+    if args.peer == PEER_BATCH:
+        del engine
+        torch.cuda.empty_cache()
+        peer = run_batch_peer(str(args.model_dir), TEXT, voice, "english", n, concurrency, args.runs, args.device,
+                              args.dtype, site=args.peer_site)  # fmt: skip
+        result["peer"], result["ratios"] = peer, {"streams": ratios(result["concurrency"], peer["concurrency"])}
+    elif args.peer:
         from voxgate.bench.peer import run_faster_qwen3_tts
 
         del engine
@@ -241,8 +260,15 @@ def table(result: dict[str, Any]) -> str:
     if result["concurrency"]:
         lines += ["", "| streams | TTFA p50 ms | TTFA p95 ms | worst RTF | audio-s per s | peak GiB | errors |",
                   "|---|---|---|---|---|---|---|"]  # fmt: skip
+        batched = {row["streams"]: row for row in result.get("peer", {}).get("concurrency", [])}
         for row in result["concurrency"]:
-            cells = [row["streams"], row["ttfa_ms_p50"], row["ttfa_ms_p95"], row["worst_rtf"], row["audio_s_per_s"],
-                     row.get("peak_gpu_gib", "-"), len(row["errors"])]  # fmt: skip
-            lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+            lines.append(_concurrency_line(row, str(row["streams"])))
+            if row["streams"] in batched:
+                lines.append(_concurrency_line(batched[row["streams"]], f"{row['streams']} (peer)"))
     return "\n".join(lines)
+
+
+def _concurrency_line(row: dict[str, Any], label: str) -> str:
+    cells = [label, row.get("ttfa_ms_p50"), row.get("ttfa_ms_p95"), row.get("worst_rtf"), row.get("audio_s_per_s"),
+             row.get("peak_gpu_gib", "-"), len(row["errors"])]  # fmt: skip
+    return "| " + " | ".join(str(c) for c in cells) + " |"

@@ -26,11 +26,10 @@ import bisect
 import time
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
-from voxgate.audio_tempo import TempoStretch
 from voxgate.config import Settings
 from voxgate.text import Piece, Unit, split_pieces, split_units
 from voxgate.types import (
@@ -42,6 +41,9 @@ from voxgate.types import (
     UnsupportedLanguage,
     VoiceInfo,
 )
+
+if TYPE_CHECKING:  # imported where a rate is asked for: PyAV (FFmpeg) is not needed to run an engine
+    from voxgate.audio_tempo import TempoStretch
 
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
 DEFAULT_MAX_PIECE_CHARS: int = Settings.model_fields["max_piece_chars"].default
@@ -132,6 +134,8 @@ def stream_pieces(
     and starts no other. Text that fits goes to the engine as is."""
     if request.speed != 1.0 and not getattr(engine, "native_speed", True):
         normal = stream_pieces(engine, replace(request, speed=1.0), cancel, max_piece_chars)
+        from voxgate.audio_tempo import TempoStretch
+
         return _stretched(normal, TempoStretch(request.speed, engine.sample_rate))
     if len(request.text) <= max_piece_chars:
         return engine.stream(request, cancel)
