@@ -521,12 +521,16 @@ def _cjk_run(text: str, i: int, final: bool, cuts: list[Cut], judge_from: int = 
         return end - 1, end == len(text) and not final
     start = _IDEOGRAPHS_END.search(text, max(first - CJK_LEFT, 0), first).start()
     kana = _KANA.search(text, start, end) is not None
-    n = len(text)
+    n, inner = len(text), end - CJK_RIGHT  # gaps up to `inner`: the window lies inside the run, no mark near
     for q in range(first, end):
-        right = min(end, q + CJK_RIGHT)
-        if not final and ((right == n and right < q + CJK_RIGHT) or q + 3 > n):
-            return q - 1, True  # undecided: the characters after the gap have not all arrived
-        verdict = _cjk_gap(text, q, max(start, q - CJK_LEFT), right, kana)
+        left = q - CJK_LEFT if q - CJK_LEFT > start else start
+        if q <= inner:
+            verdict = _word_gap(text, q, left, q + CJK_RIGHT, kana, False)
+        else:
+            right = min(end, q + CJK_RIGHT)
+            if not final and ((right == n and right < q + CJK_RIGHT) or q + 3 > n):
+                return q - 1, True  # undecided: the characters after the gap have not all arrived
+            verdict = _cjk_gap(text, q, left, right, kana)
         if verdict is not False:
             cuts.append(Cut(q, verdict))
     return end - 1, end == len(text) and not final
@@ -572,6 +576,12 @@ def _cjk_gap(text: str, p: int, left: int, right: int, kana: bool) -> Gap | bool
     ends_clause = near and right < n and (text[right] in _MARKS or unicodedata.category(text[right]) == "So")
     if ends_clause and right - p <= 2:
         return False  # or before an emoji, which ends a clause as a mark does ("笑死" | "我了😂")
+    return _word_gap(text, p, left, right, kana, ends_clause)
+
+
+def _word_gap(text: str, p: int, left: int, right: int, kana: bool, ends_clause: bool) -> Gap | bool:
+    """`_cjk_gap` once no mark lies within two characters after the gap: where the words meet
+    (`ends_clause`: within 3 characters of a clause's end)."""
     before, after = text[p - 1], text[p]
     if kana and _KANA.search(text, left, right):  # Japanese: where a particle meets the next word
         if not _HIRAGANA.match(before) or _HIRAGANA.match(after) or after == "ー" or before in "のとかおご":
@@ -583,23 +593,25 @@ def _cjk_gap(text: str, p: int, left: int, right: int, kana: bool) -> Gap | bool
         return Gap.LEXICAL
     if after in _ZH_PARTICLES:
         return False  # 的, 了, 吗 go with the word before them (whatever jieba says: a word's start or inside one)
-    tagged = rjieba.tag(text[left:right])  # jieba's words (its cut's, ~1.5 us a window) with their parts of speech
-    offset = 0
-    for k, (word, tag) in enumerate(tagged):
+    tagged = rjieba.tag(text[left:right])  # jieba's words (its cut's, ~1 us a window) with their parts of speech
+    offset, target = 0, p - left
+    for k, (word, tag) in enumerate(tagged):  # noqa: B007 (the word that reaches the gap is read after the loop)
         offset += len(word)
-        if offset == p - left:
-            following, next_tag = tagged[k + 1] if k + 1 < len(tagged) else ("", "")
-            if following and following[0] in _ZH_PARTICLES:
-                return False  # 的, 了, 吗 go with the word before them
-            if word[-1] in _ZH_PARTICLES or following in _ZH_OPENERS:
-                if word[-1] in "的地得" and ends_clause and right - p <= 3:
-                    return False  # a modifier keeps a short noun that ends the clause ("直立的" | "小尖角。")
-                return Gap.CHAR
-            previous = tagged[k - 1][1] if k else ""
-            return Gap.LEXICAL if _phrase_break(word, tag, following, next_tag, previous) else False
-        if offset > p - left:
-            return False
-    return False
+        if offset >= target:
+            break
+    else:
+        return False
+    if offset != target:
+        return False  # inside a word
+    following, next_tag = tagged[k + 1] if k + 1 < len(tagged) else ("", "")
+    if following and following[0] in _ZH_PARTICLES:
+        return False  # 的, 了, 吗 go with the word before them
+    if word[-1] in _ZH_PARTICLES or following in _ZH_OPENERS:
+        if word[-1] in "的地得" and ends_clause and right - p <= 3:
+            return False  # a modifier keeps a short noun that ends the clause ("直立的" | "小尖角。")
+        return Gap.CHAR
+    previous = tagged[k - 1][1] if k else ""
+    return Gap.LEXICAL if _phrase_break(word, tag, following, next_tag, previous) else False
 
 
 def _phrase_break(word: str, tag: str, following: str, next_tag: str, previous: str) -> bool:
