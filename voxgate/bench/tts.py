@@ -272,3 +272,9 @@ def _concurrency_line(row: dict[str, Any], label: str) -> str:
     cells = [label, row.get("ttfa_ms_p50"), row.get("ttfa_ms_p95"), row.get("worst_rtf"), row.get("audio_s_per_s"),
              row.get("peak_gpu_gib", "-"), len(row["errors"])]  # fmt: skip
     return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+if __name__ == "__main__":  # `python -m voxgate.bench.tts`: without the CLI's imports (bench/gpu_peer.sh's bundle)
+    _parser = argparse.ArgumentParser(prog="python -m voxgate.bench.tts", description=__doc__.split("\n")[0])
+    add_arguments(_parser)
+    raise SystemExit(run_tts_bench(_parser.parse_args()))

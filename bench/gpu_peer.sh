@@ -1,0 +1,33 @@
+#!/bin/sh
+# On the device machine (after bench/gpu_bundle_peer.sh here; carry `.gpu-peer` only): voxgate's batched
+# runner and the batched open peer, faster-qwen3-tts-batch 0.2.0, side by side on one random-weight
+# checkpoint (issue 22): `voxgate bench tts --peer faster-qwen3-tts-batch` (as `python3 -m
+# voxgate.bench.tts`), ours first (its engine freed after), then the peer in its own process on its own
+# stack (installed here into /tmp/peer-site with --target). One JSON with both sets of rows and their
+# ratios, and a table. About 6-8 minutes for the defaults on an H100 (estimated, not yet run).
+# Usage: sh bench/gpu_peer.sh [seed] [model]   (default 7, Qwen3-TTS-12Hz-0.6B-CustomVoice)
+# Environment: RES (results folder, default $OUT), FRAMES (per stream, default 120 = 9.6 s of audio),
+# STREAMS (stream counts, default 1,4,16,64), RUNS (single-stream runs, and timed batches of the peer
+# per stream count; default 3).
+set -u
+SEED=${1:-7}
+MODEL=${2:-Qwen3-TTS-12Hz-0.6B-CustomVoice}
+TAG=$(echo $MODEL | sed 's/Qwen3-TTS-12Hz-//')
+RES=${RES:-$OUT}
+mkdir -p "$RES"
+python3 -m pip install -q --no-index --no-deps .gpu-peer/voxgate/*.whl 2>&1 | tail -2
+rm -rf /tmp/peer-site
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/peer-site .gpu-peer/peer/*.whl 2>&1 | tail -2
+export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch; print('torch', torch.__version__)"; } > "$RES/machine.txt"
+CKPT=/tmp/ckpt-$TAG-$SEED
+# Both without the CLI (it imports every command's modules, and the bundle carries only the bench's needs).
+[ -d $CKPT ] || python3 -c "import sys; from pathlib import Path; from voxgate.engines.qwen3.checkpoint import \
+make_random_checkpoint as m; m(sys.argv[1], Path(sys.argv[2]), seed=int(sys.argv[3]), config_root=Path(sys.argv[4]))" \
+    $MODEL $CKPT $SEED .gpu-peer/qwen3-tts > "$RES/checkpoint-$TAG.txt" 2>&1 || { tail -20 "$RES/checkpoint-$TAG.txt"; exit 1; }
+python3 -m voxgate.bench.tts --model-dir $CKPT --device cuda --dtype bfloat16 --frames ${FRAMES:-120} \
+    --packet-frames 1 --runs ${RUNS:-3} --concurrency ${STREAMS:-1,4,16,64} \
+    --peer faster-qwen3-tts-batch --peer-site /tmp/peer-site \
+    --output-json "$RES/tts-peer-batch-$TAG.json" > "$RES/tts-peer-batch-$TAG.txt" 2>&1
+echo "exit $?"; tail -22 "$RES/tts-peer-batch-$TAG.txt"
