@@ -1,0 +1,144 @@
+#!/bin/sh
+# On the device machine (issue 20 item 4): the voice agent with qwen3 on CUDA (random-weight 0.6B
+# CustomVoice, bf16, CUDA graphs), the embedded LLM (SmolLM2-135M, llama.cpp on the CPU cores),
+# whisper tiny.en (CUDA if CTranslate2 can decode there, else the CPU cores, int8: the log says
+# which), Smart Turn v3.2 and Silero VAD (ONNX Runtime / their own runtime, CPU), over real WebRTC
+# calls from the bench's bot on the same machine: `voxgate bench agent` with barge-ins (EoT -> first
+# audio, cancel -> silence) and `--questions multi` (answered once, EoT -> first audio by stage).
+#
+# Here first: sh bench/gpu_bundle_agent.sh (fills .gpu-agent1 .. .gpu-agentN, one call each). Then
+# on ONE machine, calls back to back (it goes back 30 s after a call; what the calls carried
+# is kept in $CARRY, the server runs on between calls in its own session):
+#   carry [".gpu-agent1"]:      sh bench/gpu_agent.sh stash      ... and so on up to N-1, then
+#   carry [".gpu-agentN"]:      sh bench/gpu_agent.sh basic      (joins and installs the parts, builds
+#                               the checkpoint, starts the server, warm-up call, the basic bench)
+#   no carry:                   sh bench/gpu_agent.sh multi      (the multi-sentence set, ~6 min)
+# Each bench mode leaves $RES/agent-<mode>-<NAME>.tgz (JSON, tables, the server log, the call traces).
+# Environment: RES (default $OUT), CARRY (/tmp/carry), NAME (results label, default "default"),
+# EXTRA (more server settings, KEY=VALUE without VOXGATE_, e.g. "AGENT_MIN_GAP_MS=400": a server
+# running with other settings is restarted), TURNS (20) and BARGE (2: talk over every 2nd reply) for
+# basic, LIMIT (0: all 44) for multi, STT_DEVICE (auto), STT_THREADS (4), TURN_THREADS (2),
+# ENGINE (qwen3; tone or piper for a dry run where no GPU is), PY (python3), INSTALL (1: pip-install
+# the carried wheels into $PY's environment), BENCH_S (540: a bench past this is stopped, its logs
+# still come back).
+set -u
+MODE=${1:?usage: sh bench/gpu_agent.sh stash|basic|multi|stop}
+SEED=11
+MODEL=Qwen3-TTS-12Hz-0.6B-CustomVoice
+RES=${RES:-$OUT}
+CARRY=${CARRY:-/tmp/carry}
+AGENT=${AGENT_DIR:-/tmp/agent}  # the joined bundle
+RUN=${RUN_DIR:-/tmp/agent-run}  # server log, traces, results: kept across calls
+PY=${PY:-python3}
+ENGINE=${ENGINE:-qwen3}
+NAME=${NAME:-default}
+PORT=${PORT:-8765}
+URL=http://127.0.0.1:$PORT
+export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+mkdir -p "$RES" "$CARRY" "$RUN/traces"
+
+stash() {  # keep what this call carried where later calls find it
+    for d in .gpu-agent[0-9]*; do [ -d "$d" ] && cp -r "$d" "$CARRY/"; done
+    ls "$CARRY"/.gpu-agent*/agent.tgz.* 2>/dev/null | sed 's/.*agent.tgz/part/' | tr '\n' ' '; echo
+}
+
+unpack() {  # join the parts, check them whole, unpack and install (once a machine)
+    [ -f "$AGENT/.installed" ] && return 0
+    set -- $(cat "$(ls "$CARRY"/.gpu-agent*/agent.sha256 | head -1)")
+    sum=$1 n=$2 i=0
+    rm -f /tmp/agent.tgz
+    while [ $i -lt "$n" ]; do
+        part=$(ls "$CARRY"/.gpu-agent*/agent.tgz.$(printf %02d $i) 2>/dev/null | head -1)
+        [ -n "$part" ] || { echo "part $i of $n missing: carry its .gpu-agent folder (stash) first"; return 1; }
+        cat "$part" >> /tmp/agent.tgz
+        i=$((i + 1))
+    done
+    [ "$(sha256sum /tmp/agent.tgz | cut -d' ' -f1)" = "$sum" ] || { echo "joined bundle: sha256 differs"; return 1; }
+    rm -rf "$AGENT" && mkdir -p "$AGENT" && tar -xzf /tmp/agent.tgz -C "$AGENT" --strip-components=1 || return 1
+    rm /tmp/agent.tgz
+    if [ "${INSTALL:-1}" = 1 ]; then
+        $PY -m pip install -q --no-index --no-deps --no-compile "$AGENT"/wheels/*.whl > "$RUN/pip.txt" 2>&1 \
+            || { tail -5 "$RUN/pip.txt"; return 1; }
+    fi
+    touch "$AGENT/.installed"
+}
+
+machine() {
+    { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no GPU"
+      echo "cores $(nproc)"
+      $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" 2>&1 | tail -1
+      $PY -c "import ctranslate2 as c; print('ctranslate2', c.__version__, 'cuda devices', c.get_cuda_device_count())"
+      $PY -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())"
+      echo "cuBLAS libraries: $(ldconfig -p | grep -o 'libcublas\.so\.[0-9]*' | sort -u | tr '\n' ' ')"
+      $PY -c "import glob, torch, os; print('torch ships', sorted({os.path.basename(p) for p in glob.glob(os.path.dirname(torch.__file__) + '/../nvidia/*/lib/libcublas.so*')}))" 2>&1 | tail -1
+    } > "$RUN/machine.txt" 2>&1
+    cat "$RUN/machine.txt"
+}
+
+settings() {  # the server's settings, one KEY=VALUE a word
+    echo "ENGINE=$ENGINE LLM_EMBEDDED=true LLM_MODEL_PATH=$(ls "$AGENT"/models/*.gguf) AGENT_TRACE_DIR=$RUN/traces" \
+        "AGENT_WHISPER_DEVICE=${STT_DEVICE:-auto} AGENT_WHISPER_THREADS=${STT_THREADS:-4}" \
+        "AGENT_TURN_MODEL_PATH=$(ls "$AGENT"/models/*.onnx) AGENT_TURN_THREADS=${TURN_THREADS:-2} ADMIN_KEYS=bench-admin"
+    if [ "$ENGINE" = qwen3 ]; then
+        echo "QWEN3_MODEL_DIR=/tmp/ckpt-agent-$SEED QWEN3_DEVICE=cuda QWEN3_DTYPE=bfloat16 QWEN3_MAX_STREAMS=8"
+    fi
+    echo "${EXTRA:-}"
+}
+
+wait_up() {  # PID: until /healthz answers, or the server has exited
+    for i in $(seq 400); do
+        curl -sf $URL/healthz > /dev/null && return 0
+        kill -0 "$1" 2>/dev/null || { echo "server exited"; tail -30 "$RUN/serve.log"; return 1; }
+        sleep 1
+    done
+    echo "server not up after 400 s"; return 1
+}
+
+server() {  # the server with settings(), started (in its own session: it outlives this call) unless running so
+    want=$(settings | tr '\n' ' ')
+    if [ -f "$RUN/server.pid" ] && kill -0 "$(cat "$RUN/server.pid")" 2>/dev/null; then
+        [ "$(cat "$RUN/server.settings")" = "$want" ] && return 0
+        kill "$(cat "$RUN/server.pid")"; sleep 3
+    fi
+    if [ "$ENGINE" = qwen3 ] && [ ! -d /tmp/ckpt-agent-$SEED ]; then
+        $PY -m voxgate make-random-checkpoint --configs "$AGENT/qwen3-tts" --model $MODEL \
+            --out /tmp/ckpt-agent-$SEED --seed $SEED > "$RUN/checkpoint.txt" 2>&1 || { cat "$RUN/checkpoint.txt"; return 1; }
+    fi
+    echo "$want" > "$RUN/server.settings"
+    t0=$(date +%s)
+    env $(for kv in $want; do printf 'VOXGATE_%s ' "$kv"; done) \
+        setsid $PY -m voxgate serve --port $PORT >> "$RUN/serve.log" 2>&1 < /dev/null &
+    echo $! > "$RUN/server.pid"
+    wait_up "$(cat "$RUN/server.pid")" || return 1
+    echo "server ready in $(( $(date +%s) - t0 )) s ($want)"
+    # A call first, untimed: whisper and the turn model load on the first call, the LLM warms.
+    bench warmup --turns 1 --barge-every 0 > /dev/null
+}
+
+bench() {  # LABEL ARGS...: voxgate bench agent against the running server
+    label=$1; shift
+    timeout "${BENCH_S:-540}" $PY -m voxgate bench agent --url $URL --trace-dir "$RUN/traces" \
+        --questions-dir "$AGENT/questions" --output-json "$RUN/agent-$label-$NAME.json" "$@" \
+        > "$RUN/agent-$label-$NAME.txt" 2>&1
+    echo "== $label ($NAME): exit $?"
+    grep -v "^  turn\|^  [0-9]*/" "$RUN/agent-$label-$NAME.txt" | tail -25
+}
+
+results() {  # MODE: the run folder as one file back
+    grep -E "whisper .* on |turn model|embedded LLM|CUDA unusable|Traceback|ERROR" "$RUN/serve.log" | sort -u | head -20
+    tar -czf "$RES/agent-$1-$NAME.tgz" -C "$(dirname "$RUN")" "$(basename "$RUN")"
+}
+
+case $MODE in
+    stash) stash ;;
+    basic)
+        stash; unpack || exit 1; machine; server || { results basic; exit 1; }
+        bench basic --turns "${TURNS:-20}" --barge-every "${BARGE:-2}"
+        results basic ;;
+    multi)
+        stash; unpack || exit 1; server || { results multi; exit 1; }
+        bench multi --questions multi --limit "${LIMIT:-0}"
+        results multi ;;
+    stop) [ -f "$RUN/server.pid" ] && kill "$(cat "$RUN/server.pid")"; rm -f "$RUN/server.pid" ;;
+    *) echo "unknown mode $MODE: stash|basic|multi|stop"; exit 2 ;;
+esac
