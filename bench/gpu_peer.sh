@@ -4,11 +4,14 @@
 # checkpoint (issue 22): `voxgate bench tts --peer faster-qwen3-tts-batch` (as `python3 -m
 # voxgate.bench.tts`), ours first (its engine freed after), then the peer in its own process on its own
 # stack (installed here into /tmp/peer-site with --target). One JSON with both sets of rows and their
-# ratios, and a table. About 6-8 minutes for the defaults on an H100 (estimated, not yet run).
+# ratios, and a table. The bench about 6-8 minutes on an H100 with the defaults (estimated, not yet run).
+# Then (STEPS) bench/qwen3_step_profile.py on the same checkpoint: our step's GPU operations and time
+# per part (talker, code predictor, sampler, codec) at 1 and 64 rows, as JSON and a table.
 # Usage: sh bench/gpu_peer.sh [seed] [model]   (default 7, Qwen3-TTS-12Hz-0.6B-CustomVoice)
 # Environment: RES (results folder, default $OUT), FRAMES (per stream, default 120 = 9.6 s of audio),
 # STREAMS (stream counts, default 1,4,16,64), RUNS (single-stream runs, and timed batches of the peer
-# per stream count; default 3).
+# per stream count; default 3), STEPS ("bench profile": both; one of them alone, e.g. to split the two
+# over two calls on one warm machine).
 set -u
 SEED=${1:-7}
 MODEL=${2:-Qwen3-TTS-12Hz-0.6B-CustomVoice}
@@ -26,8 +29,16 @@ CKPT=/tmp/ckpt-$TAG-$SEED
 [ -d $CKPT ] || python3 -c "import sys; from pathlib import Path; from voxgate.engines.qwen3.checkpoint import \
 make_random_checkpoint as m; m(sys.argv[1], Path(sys.argv[2]), seed=int(sys.argv[3]), config_root=Path(sys.argv[4]))" \
     $MODEL $CKPT $SEED .gpu-peer/qwen3-tts > "$RES/checkpoint-$TAG.txt" 2>&1 || { tail -20 "$RES/checkpoint-$TAG.txt"; exit 1; }
-python3 -m voxgate.bench.tts --model-dir $CKPT --device cuda --dtype bfloat16 --frames ${FRAMES:-120} \
-    --packet-frames 1 --runs ${RUNS:-3} --concurrency ${STREAMS:-1,4,16,64} \
-    --peer faster-qwen3-tts-batch --peer-site /tmp/peer-site \
-    --output-json "$RES/tts-peer-batch-$TAG.json" > "$RES/tts-peer-batch-$TAG.txt" 2>&1
-echo "exit $?"; tail -22 "$RES/tts-peer-batch-$TAG.txt"
+STEPS=${STEPS:-bench profile}
+case "$STEPS" in *bench*)
+    python3 -m voxgate.bench.tts --model-dir $CKPT --device cuda --dtype bfloat16 --frames ${FRAMES:-120} \
+        --packet-frames 1 --runs ${RUNS:-3} --concurrency ${STREAMS:-1,4,16,64} \
+        --peer faster-qwen3-tts-batch --peer-site /tmp/peer-site \
+        --output-json "$RES/tts-peer-batch-$TAG.json" > "$RES/tts-peer-batch-$TAG.txt" 2>&1
+    echo "bench exit $?"; tail -22 "$RES/tts-peer-batch-$TAG.txt" ;;
+esac
+case "$STEPS" in *profile*)
+    python3 bench/qwen3_step_profile.py --model-dir $CKPT --rows 64 --parts 1,64 \
+        --output-json "$RES/step-profile-$TAG.json" > "$RES/step-profile-$TAG.txt" 2>&1
+    echo "profile exit $?"; grep '^|' "$RES/step-profile-$TAG.txt" ;;
+esac
