@@ -123,3 +123,18 @@ def test_ratios_and_table_put_the_peer_beside_our_rows():
     at = next(i for i, line in enumerate(lines) if line.startswith("| 2 |"))
     assert lines[at + 1].startswith("| 2 (peer) | 2500.0 |")
     assert not any(line.startswith("| 1 (peer)") for line in lines)
+
+
+def test_a_peer_that_cannot_run_is_recorded_and_our_rows_kept(tmp_path, capsys):
+    from argparse import Namespace
+
+    from voxgate.bench import tts
+
+    ours = [{"streams": 4, "ttfa_ms_p50": 20.0, "ttfa_ms_p95": 22.0, "worst_rtf": 0.1, "audio_s_per_s": 30.0,
+             "errors": []}]  # fmt: skip
+    result = {"packets": {}, "concurrency": ours}
+    args = Namespace(model_dir="/x/cv06", frames=5, runs=1, device="cuda", dtype="bfloat16", peer_site=str(tmp_path))
+    tts._batched_peer(args, result, "aiden", [4])
+    assert result["concurrency"] == ours and "ratios" not in result
+    assert result["peer"]["error"]["code"] == "peer_missing" and "gpu_bundle_peer.sh" in capsys.readouterr().out
+    assert "| 4 | 20.0 |" in tts.table(result)

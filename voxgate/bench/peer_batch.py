@@ -87,7 +87,10 @@ def run_batch_peer(
     with tempfile.TemporaryDirectory(prefix="peer-batch-") as tmp:
         out = Path(tmp) / "peer.json"
         command = child_command(python, model_dir, text, speaker, language, frames, streams, runs, device, dtype, out)
-        done = subprocess.run(command, env=child_env(site), capture_output=True, text=True, timeout=timeout_s)
+        try:
+            done = subprocess.run(command, env=child_env(site), capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired as e:
+            raise PeerUnavailable("timeout", f"no report after {timeout_s:.0f} s") from e
         report = read_report(out, done.returncode, done.stderr)
     return summarise(report, frames)
 

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from voxgate.bench.peer_batch import PEER_BATCH, ratios, run_batch_peer
+from voxgate.bench.peer_batch import PEER_BATCH, PeerUnavailable, ratios, run_batch_peer
 from voxgate.bench.stats import machine, percentile, write_report
 
 TEXT = (
@@ -197,9 +197,7 @@ def run_tts_bench(args: argparse.Namespace) -> int:
     if args.peer == PEER_BATCH:
         del engine
         torch.cuda.empty_cache()
-        peer = run_batch_peer(str(args.model_dir), TEXT, voice, "english", n, concurrency, args.runs, args.device,
-                              args.dtype, site=args.peer_site)  # fmt: skip
-        result["peer"], result["ratios"] = peer, {"streams": ratios(result["concurrency"], peer["concurrency"])}
+        _batched_peer(args, result, voice, concurrency)
     elif args.peer:
         from voxgate.bench.peer import run_faster_qwen3_tts
 
@@ -216,7 +214,19 @@ def run_tts_bench(args: argparse.Namespace) -> int:
             for p, row in result["packets"].items()
         }
     write_report(_report(args, ck, result), "tts", datetime.now(UTC), args.output_json, table(result))
-    return 0
+    return 1 if "error" in result.get("peer", {}) else 0
+
+
+def _batched_peer(args: argparse.Namespace, result: dict[str, Any], voice: str | None, streams: list[int]) -> None:
+    """The batched peer's rows and the ratios into `result`; its failure too (ours are kept)."""
+    try:
+        peer = run_batch_peer(str(args.model_dir), TEXT, voice, "english", args.frames, streams, args.runs,
+                              args.device, args.dtype, site=args.peer_site)  # fmt: skip
+    except PeerUnavailable as e:
+        print(e, flush=True)
+        result["peer"] = {"peer": PEER_BATCH, "error": {"code": e.code, "message": str(e)}}
+        return
+    result["peer"], result["ratios"] = peer, {"streams": ratios(result["concurrency"], peer["concurrency"])}
 
 
 def _ratio(peer: float | None, ours: float | None) -> float | None:
