@@ -5,6 +5,7 @@ names the text that must stay in one segment. The written corpus check is the la
 from __future__ import annotations
 
 import random
+import unicodedata
 
 import pytest
 
@@ -276,11 +277,18 @@ def test_a_cjk_stop_after_a_cjk_word_is_a_clause_or_sentence_boundary(before, af
 
 
 def test_measuring_cjk_text_without_counting_agrees_with_counting():
-    """The segmenter takes a piece of CJK characters and full-width marks as 2 columns and one
-    unit a character without counting: true of every character it takes so."""
+    """The segmenter takes a piece of CJK characters, hangul and full-width marks as 2 columns
+    and one unit a character without counting, and counts the wide characters of such text
+    mixed with ASCII in one pass: true of every character it takes so (Unicode's East Asian
+    Width is the reference), and of mixed text."""
     wide = [chr(c) for c in range(0x3000, 0x10000) if wide_units_only(chr(c))]
-    assert len(wide) > 20_000 and "，" in wide and "。" in wide and "“" not in wide and "ｶ" not in wide
-    assert all(width(ch) == 2 and count_units(ch) == 1 for ch in wide)
+    assert len(wide) > 30_000 and "，" in wide and "。" in wide and "한" in wide and "“" not in wide and "ｶ" not in wide
+    assert all(unicodedata.east_asian_width(ch) in "WF" and count_units(ch) == 1 for ch in wide)
+    rng = random.Random(7)
+    alphabet = [*map(chr, range(0x20, 0x80)), *wide[::97], "“", "ｶ", "é", "😂", "\u303f"]
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40)))
+        assert width(text) == sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text), text
 
 
 def test_japanese_is_cut_between_phrases_not_inside_words():

@@ -91,7 +91,10 @@ class Cut(NamedTuple):
 IDEOGRAPH = re.compile("[\u3005\u3007\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _IDEOGRAPHS = re.compile(IDEOGRAPH.pattern + "*")
 _IDEOGRAPHS_END = re.compile(IDEOGRAPH.pattern + "*$")
-_WIDE_UNITS = re.compile("[" + IDEOGRAPH.pattern[1:-1] + "\u3000-\u303e\uff01-\uff60\uffe0-\uffe6]*")
+_WIDE = IDEOGRAPH.pattern[1:-1] + "\u3000-\u303e\uac00-\ud7a3\uff01-\uff60\uffe0-\uffe6"  # 2 columns, 1 unit each
+_WIDE_UNITS = re.compile(f"[{_WIDE}]*")
+_WIDE_CHAR = re.compile(f"[{_WIDE}]")
+_ASCII_OR_WIDE = re.compile(f"[\x00-\x7f{_WIDE}]*")
 _KANA = re.compile("[\u3040-\u30ff]")
 _HIRAGANA = re.compile("[\u3041-\u309f]")
 _JA_PARTICLES = "はがをにでもへ"  # a phrase ends after these (not の or と: 関ヶ原の戦い, ふるさと納税)
@@ -202,8 +205,8 @@ def is_ideograph(ch: str) -> bool:
 
 
 def wide_units_only(text: str) -> bool:
-    """Only CJK characters, kana and full-width marks (，。、：“ is not one): each 2 columns and
-    one unit (`width`, `voxgate.text.count_units`), no need to count them."""
+    """Only CJK characters, kana, hangul syllables and full-width marks (，。、：“ is not one): each
+    2 columns and one unit (`width`, `voxgate.text.count_units`), no need to count them."""
     return _WIDE_UNITS.fullmatch(text) is not None
 
 
@@ -211,6 +214,8 @@ def width(text: str) -> int:
     """Display columns: a CJK character or emoji counts 2 (about a syllable of speech)."""
     if text.isascii():
         return len(text)
+    if _ASCII_OR_WIDE.fullmatch(text):  # Chinese with Latin words: count the wide characters in C
+        return len(text) + len(_WIDE_CHAR.findall(text))
     return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
 
 
