@@ -23,6 +23,7 @@ _CJK = (
     "\uac00-\ud7af"  # hangul
     "\uff00-\uffef"  # fullwidth forms
 )
+CJK = _CJK  # a regex character class's body: the characters that are one unit each
 _UNIT_RE = re.compile(rf"[{_CJK}]|[^\s{_CJK}]+")
 
 

@@ -57,6 +57,22 @@ def test_chinese_starter_is_two_to_six_characters_ending_at_punctuation_if_any(t
     assert _texts(text)[0] == starter
 
 
+@pytest.mark.parametrize(
+    ("text", "cost"),
+    [
+        ("Sure thing", 2 * 6),  # a Latin word costs starter_max_cjk (6)
+        ("根据国家", 4 * 3),  # a CJK character costs starter_max_words (3)
+        ("用Python写", 3 + 6 + 3),
+        ("— !! 好 ・", 3),  # marks alone and a CJK mark cost nothing
+        ("ＡＢ", 2 * 3),  # full-width letters are CJK units
+        ("a_b __ x", 2 * 6),
+        ("!" * 5000 + "a", 6),
+    ],
+)
+def test_the_starter_cost_counts_spoken_units(text, cost):
+    assert Segmenter().starter_cost(text) == cost
+
+
 def test_starter_is_sent_as_soon_as_the_token_after_its_boundary_arrives():
     pushes = _pushes(["Sure", ",", " I", " can", " help", "."])
     assert pushes[:3] == [[], [], ["Sure,"]]
