@@ -10,7 +10,7 @@ import unicodedata
 import pytest
 
 from voxgate.bridge.corpus import check_corpus, load_replies, make_replies, marked_reply, split_reply
-from voxgate.bridge.cuts import Gap, classify, wide_units_only, width
+from voxgate.bridge.cuts import Gap, classify, speakable, wide_units_only, width
 from voxgate.bridge.segmenter import Segmenter
 from voxgate.config import DEFAULT_STARTERS
 from voxgate.text import count_units
@@ -284,8 +284,10 @@ def test_measuring_cjk_text_without_counting_agrees_with_counting():
     wide = [chr(c) for c in range(0x3000, 0x10000) if wide_units_only(chr(c))]
     assert len(wide) > 30_000 and "，" in wide and "。" in wide and "한" in wide and "“" not in wide and "ｶ" not in wide
     assert all(unicodedata.east_asian_width(ch) in "WF" and count_units(ch) == 1 for ch in wide)
+    assert all(width(chr(c)) == 1 + (unicodedata.east_asian_width(chr(c)) in "WF") for c in range(0x10000))
+    assert all(speakable(chr(c)) == chr(c).isalnum() for c in range(0x110000))  # searched by a regex
     rng = random.Random(7)
-    alphabet = [*map(chr, range(0x20, 0x80)), *wide[::97], "“", "ｶ", "é", "😂", "\u303f"]
+    alphabet = [*map(chr, range(0x20, 0x80)), *wide[::97], "“", "”", "—", "ｶ", "é", "😂", "\u303f", "\u3099"]
     for _ in range(2000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40)))
         assert width(text) == sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text), text

@@ -91,10 +91,11 @@ class Cut(NamedTuple):
 IDEOGRAPH = re.compile("[\u3005\u3007\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _IDEOGRAPHS = re.compile(IDEOGRAPH.pattern + "*")
 _IDEOGRAPHS_END = re.compile(IDEOGRAPH.pattern + "*$")
+_LETTER_OR_DIGIT = re.compile(r"[^\W_]")  # str.isalnum's characters (\w less "_"), searched in C
 _WIDE = IDEOGRAPH.pattern[1:-1] + "\u3000-\u303e\uac00-\ud7a3\uff01-\uff60\uffe0-\uffe6"  # 2 columns, 1 unit each
 _WIDE_UNITS = re.compile(f"[{_WIDE}]*")
 _WIDE_CHAR = re.compile(f"[{_WIDE}]")
-_ASCII_OR_WIDE = re.compile(f"[\x00-\x7f{_WIDE}]*")
+_NARROW_OR_WIDE = re.compile(f"[\x00-\u0377\u2000-\u2064{_WIDE}]*")  # Latin, Greek, “”‘’—…: 1 column
 _KANA = re.compile("[\u3040-\u30ff]")
 _HIRAGANA = re.compile("[\u3041-\u309f]")
 _JA_PARTICLES = "はがをにでもへ"  # a phrase ends after these (not の or と: 関ヶ原の戦い, ふるさと納税)
@@ -214,14 +215,14 @@ def width(text: str) -> int:
     """Display columns: a CJK character or emoji counts 2 (about a syllable of speech)."""
     if text.isascii():
         return len(text)
-    if _ASCII_OR_WIDE.fullmatch(text):  # Chinese with Latin words: count the wide characters in C
+    if _NARROW_OR_WIDE.fullmatch(text):  # Chinese with Latin words or quotes: count the wide characters in C
         return len(text) + len(_WIDE_CHAR.findall(text))
     return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
 
 
 def speakable(text: str) -> bool:
     """Whether a segment has anything to say: a letter or digit, not only emoji or markup."""
-    return any(ch.isalnum() for ch in text)
+    return _LETTER_OR_DIGIT.search(text) is not None
 
 
 def skip_space(text: str, i: int) -> int:
