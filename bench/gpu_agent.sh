@@ -16,11 +16,14 @@
 # Each bench mode leaves $RES/agent-<mode>-<NAME>.tgz (JSON, tables, the server log, the call traces).
 # Environment: RES (default $OUT), CARRY (/tmp/carry), NAME (results label, default "default"),
 # EXTRA (more server settings, KEY=VALUE without VOXGATE_, e.g. "AGENT_MIN_GAP_MS=400": a server
-# running with other settings is restarted), TURNS (20) and BARGE (2: talk over every 2nd reply) for
+# running with other settings is restarted), TURNS (16) and BARGE (2: talk over every 2nd reply) for
 # basic, LIMIT (0: all 44) for multi, STT_DEVICE (auto), STT_THREADS (4), TURN_THREADS (2),
 # ENGINE (qwen3; tone or piper for a dry run where no GPU is), PY (python3), INSTALL (1: pip-install
-# the carried wheels into $PY's environment), BENCH_S (540: a bench past this is stopped, its logs
-# still come back).
+# the carried wheels into $PY's environment), CALL_S (570: a bench still running this long after the
+# call began is stopped, so its logs still come back within the call's 600 s).
+# Replies are capped at 24 LLM tokens (AGENT_MAX_TOKENS; EXTRA may change it): random weights never
+# say EOS, so each segment speaks its length guard (max(64, 8 x tokens) frames of 80 ms, >= 5 s) and
+# the basic set waits for every reply to play out; first audio does not depend on the cap.
 set -u
 MODE=${1:?usage: sh bench/gpu_agent.sh stash|basic|multi|stop}
 SEED=11
@@ -34,6 +37,7 @@ ENGINE=${ENGINE:-qwen3}
 NAME=${NAME:-default}
 PORT=${PORT:-8765}
 URL=http://127.0.0.1:$PORT
+T0=$(date +%s)
 export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 mkdir -p "$RES" "$CARRY" "$RUN/traces"
 
@@ -44,7 +48,9 @@ stash() {  # keep what this call carried where later calls find it
 
 unpack() {  # join the parts, check them whole, unpack and install (once a machine)
     [ -f "$AGENT/.installed" ] && return 0
-    set -- $(cat "$(ls "$CARRY"/.gpu-agent*/agent.sha256 | head -1)")
+    first=$(ls "$CARRY"/.gpu-agent*/agent.sha256 2>/dev/null | head -1)
+    [ -n "$first" ] || { echo "no bundle part on this machine (a fresh one?): the stash calls first"; return 1; }
+    set -- $(cat "$first")
     sum=$1 n=$2 i=0
     rm -f /tmp/agent.tgz
     while [ $i -lt "$n" ]; do
@@ -78,7 +84,8 @@ machine() {
 settings() {  # the server's settings, one KEY=VALUE a word
     echo "ENGINE=$ENGINE LLM_EMBEDDED=true LLM_MODEL_PATH=$(ls "$AGENT"/models/*.gguf) AGENT_TRACE_DIR=$RUN/traces" \
         "AGENT_WHISPER_DEVICE=${STT_DEVICE:-auto} AGENT_WHISPER_THREADS=${STT_THREADS:-4}" \
-        "AGENT_TURN_MODEL_PATH=$(ls "$AGENT"/models/*.onnx) AGENT_TURN_THREADS=${TURN_THREADS:-2} ADMIN_KEYS=bench-admin"
+        "AGENT_TURN_MODEL_PATH=$(ls "$AGENT"/models/*.onnx) AGENT_TURN_THREADS=${TURN_THREADS:-2} ADMIN_KEYS=bench-admin" \
+        "AGENT_MAX_TOKENS=24"
     if [ "$ENGINE" = qwen3 ]; then
         echo "QWEN3_MODEL_DIR=/tmp/ckpt-agent-$SEED QWEN3_DEVICE=cuda QWEN3_DTYPE=bfloat16 QWEN3_MAX_STREAMS=8"
     fi
@@ -106,9 +113,13 @@ server() {  # the server with settings(), started (in its own session: it outliv
     fi
     echo "$want" > "$RUN/server.settings"
     t0=$(date +%s)
-    env $(for kv in $want; do printf 'VOXGATE_%s ' "$kv"; done) \
-        setsid $PY -m voxgate serve --port $PORT >> "$RUN/serve.log" 2>&1 < /dev/null &
-    echo $! > "$RUN/server.pid"
+    # In a session of its own, so it outlives this call (the device ends a call's other processes).
+    env $(for kv in $want; do printf 'VOXGATE_%s ' "$kv"; done) $PY - "$RUN/serve.log" $PY -m voxgate serve \
+        --port $PORT > "$RUN/server.pid" <<'PY'
+import subprocess, sys
+log = open(sys.argv[1], "ab")
+print(subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True).pid)
+PY
     wait_up "$(cat "$RUN/server.pid")" || return 1
     echo "server ready in $(( $(date +%s) - t0 )) s ($want)"
     # A call first, untimed: whisper and the turn model load on the first call, the LLM warms.
@@ -117,7 +128,8 @@ server() {  # the server with settings(), started (in its own session: it outliv
 
 bench() {  # LABEL ARGS...: voxgate bench agent against the running server
     label=$1; shift
-    timeout "${BENCH_S:-540}" $PY -m voxgate bench agent --url $URL --trace-dir "$RUN/traces" \
+    left=$((T0 + ${CALL_S:-570} - $(date +%s) - 15))  # what is left of the call, less packing the results
+    timeout "$left" $PY -m voxgate bench agent --url $URL --trace-dir "$RUN/traces" \
         --questions-dir "$AGENT/questions" --output-json "$RUN/agent-$label-$NAME.json" "$@" \
         > "$RUN/agent-$label-$NAME.txt" 2>&1
     echo "== $label ($NAME): exit $?"
@@ -133,7 +145,7 @@ case $MODE in
     stash) stash ;;
     basic)
         stash; unpack || exit 1; machine; server || { results basic; exit 1; }
-        bench basic --turns "${TURNS:-20}" --barge-every "${BARGE:-2}"
+        bench basic --turns "${TURNS:-16}" --barge-every "${BARGE:-2}"
         results basic ;;
     multi)
         stash; unpack || exit 1; server || { results multi; exit 1; }
