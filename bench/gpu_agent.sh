@@ -16,7 +16,7 @@
 # Each bench mode leaves $RES/agent-<mode>-<NAME>.tgz (JSON, tables, the server log, the call traces).
 # Environment: RES (default $OUT), CARRY (/tmp/carry), NAME (results label, default "default"),
 # EXTRA (more server settings, KEY=VALUE without VOXGATE_, e.g. "AGENT_MIN_GAP_MS=400": a server
-# running with other settings is restarted), TURNS (16) and BARGE (2: talk over every 2nd reply) for
+# running with other settings is restarted), TURNS (10) and BARGE (1: talk over every reply) for
 # basic, LIMIT (0: all 44) for multi, STT_DEVICE (auto), STT_THREADS (4), TURN_THREADS (2),
 # ENGINE (qwen3; tone or piper for a dry run where no GPU is), PY (python3), INSTALL (1: pip-install
 # the carried wheels into $PY's environment), CALL_S (570: a bench still running this long after the
@@ -145,7 +145,7 @@ case $MODE in
     stash) stash ;;
     basic)
         stash; unpack || exit 1; machine; server || { results basic; exit 1; }
-        bench basic --turns "${TURNS:-16}" --barge-every "${BARGE:-2}"
+        bench basic --turns "${TURNS:-10}" --barge-every "${BARGE:-1}"
         results basic ;;
     multi)
         stash; unpack || exit 1; server || { results multi; exit 1; }
