@@ -78,12 +78,29 @@ machine() {
       echo "cuBLAS libraries: $(ldconfig -p | grep -o 'libcublas\.so\.[0-9]*' | sort -u | tr '\n' ' ')"
       $PY -c "import glob, torch, os; print('torch ships', sorted({os.path.basename(p) for p in glob.glob(os.path.dirname(torch.__file__) + '/../nvidia/*/lib/libcublas.so*')}))" 2>&1 | tail -1
     } > "$RUN/machine.txt" 2>&1
+    # WebRTC offers host candidates only, never 127.0.0.1 (aioice): a machine with no other address
+    # gets one on its loopback device, which the bot and the server then meet on.
+    ice="import aioice.ice as i; print(len(i.get_host_addresses(True, False)))"
+    if [ "$($PY -c "$ice")" = 0 ]; then
+        ip addr add 10.255.0.1/32 dev lo 2>> "$RUN/machine.txt"
+        echo "no address for ICE: 10.255.0.1 added on lo; addresses now $($PY -c "$ice")" >> "$RUN/machine.txt"
+    fi
+    # Whisper on CUDA, in a process of its own first (a CTranslate2 build that cannot run here could
+    # take the server down): auto falls back to the CPU, where the log says so.
+    device=${STT_DEVICE:-auto}
+    if [ "$device" != cpu ]; then
+        probe="from voxgate.agent.stt import *; import numpy; w = WhisperTranscriber(WhisperConfig(device='cuda'))"
+        probe="$probe; print('whisper decodes on CUDA:', w.transcribe(numpy.zeros(16000, 'float32'), 16000))"
+        timeout 180 $PY -c "$probe" >> "$RUN/machine.txt" 2>&1 \
+            || { echo "whisper cannot decode on CUDA here: STT on the CPU cores" >> "$RUN/machine.txt"; device=cpu; }
+    fi
+    echo "$device" > "$RUN/stt_device"
     cat "$RUN/machine.txt"
 }
 
 settings() {  # the server's settings, one KEY=VALUE a word
     echo "ENGINE=$ENGINE LLM_EMBEDDED=true LLM_MODEL_PATH=$(ls "$AGENT"/models/*.gguf) AGENT_TRACE_DIR=$RUN/traces" \
-        "AGENT_WHISPER_DEVICE=${STT_DEVICE:-auto} AGENT_WHISPER_THREADS=${STT_THREADS:-4}" \
+        "AGENT_WHISPER_DEVICE=$(cat "$RUN/stt_device" 2>/dev/null || echo auto) AGENT_WHISPER_THREADS=${STT_THREADS:-4}" \
         "AGENT_TURN_MODEL_PATH=$(ls "$AGENT"/models/*.onnx) AGENT_TURN_THREADS=${TURN_THREADS:-2} ADMIN_KEYS=bench-admin" \
         "AGENT_MAX_TOKENS=24"
     if [ "$ENGINE" = qwen3 ]; then
