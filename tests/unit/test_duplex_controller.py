@@ -805,3 +805,27 @@ def test_a_closing_thanks_alone_is_still_answered_after_the_hold():
     stt = _only(c.handle(SpeechEnded(0.8)), StartStt)
     c.handle(Transcript(stt.trace_id, stt.part, "Thanks!", 1.0))
     assert _only(c.handle(Tick(2.0)), StartReply).messages[-1] == {"role": "user", "content": "Thanks!"}
+
+
+def test_release_at_is_the_first_moment_a_tick_lets_held_audio_go():
+    """The driver ticks at `release_at()` (not up to `tick_s` later): a tick just before it keeps
+    the audio held, one at it releases it, for the gap and for unconfirmed voice alike."""
+    c = _controller(min_gap_s=1.0, onset_wait_s=0.1)
+    assert c.release_at() is None  # nothing held
+    reply = _only(_question(c, "What time is it?", voice_end=1.0, transcript_at=1.5), StartReply).trace_id
+    assert c.release_at() == 2.0
+    assert not [a for a in c.handle(Tick(2.0 - 1e-6)) if isinstance(a, HoldAudio)]
+    c.handle(VoiceHeard(1.95))  # voice, not yet speech: held 0.1 s past it
+    assert c.release_at() == pytest.approx(2.05)
+    assert not [a for a in c.handle(Tick(2.05 - 1e-6)) if isinstance(a, HoldAudio)]
+    assert c.handle(Tick(c.release_at()))[0] == HoldAudio(reply, False)
+    assert c.release_at() is None  # released
+
+
+def test_release_at_is_none_while_speech_over_the_held_reply_is_undecided():
+    c = _controller(min_gap_s=1.0)
+    _only(_question(c, "What time is it?", voice_end=1.0, transcript_at=1.5), StartReply)
+    c.handle(SpeechStarted(1.8))
+    assert c.state is State.INTERRUPTING and c.release_at() is None
+    # past the gap, not yet past confirm_after_s: the speech is judged by its end or its words, not the clock
+    assert not [a for a in c.handle(Tick(2.5)) if isinstance(a, HoldAudio)]

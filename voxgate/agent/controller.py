@@ -414,6 +414,18 @@ class DuplexController:
         if turn is not None and self.pending is None:
             turn.held = False
 
+    def release_at(self) -> float | None:
+        """When the audio held now goes out by the clock alone (the gap after the user's last
+        voice, or the wait after voice not yet confirmed as speech), so a driver can tick then
+        rather than up to a tick later; None when nothing is held, or it waits for speech over
+        it to be judged (an event, not the clock, ends that)."""
+        turn, cfg = self.turn, self.config
+        if self._holding is None or turn is None or turn.trace_id != self._holding or turn.published:
+            return None
+        if turn.held and self.pending is not None:
+            return None
+        return max(turn.voice_end + cfg.min_gap_s, self._voice_at + cfg.onset_wait_s)
+
     def _must_wait(self, turn: Turn, at: float) -> bool:
         if turn.published:
             return False

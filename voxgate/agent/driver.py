@@ -167,8 +167,13 @@ class CallDriver:
             self._mic, self._mic_start = self._mic[excess:], self._mic_start + excess
 
     async def _tick(self) -> None:
+        """A Tick every `tick_s`, and one as soon as held audio may go out (not up to a tick later)."""
         while True:
-            await asyncio.sleep(self.config.tick_s)
+            release = self.ctl.release_at()
+            wait = self.config.tick_s
+            if release is not None:
+                wait = min(wait, max(0.0, release - time.perf_counter()))
+            await asyncio.sleep(wait)
             self._handle(fsm.Tick(at=time.perf_counter()))
 
     # ------------------------------------------------------------------ actions
