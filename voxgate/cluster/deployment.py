@@ -16,6 +16,15 @@ finish for up to `VOXGATE_DRAIN_S` and ends each session with `server_draining`.
 Ray 2.60 tells a replica's own code nothing until every request has ended, so the replica
 watches Ray's own shutdown flag (`ShutdownWatch`); `graceful_shutdown_timeout_s` leaves the
 drain its time plus a margin.
+
+Where a replica runs its app: on the replica's own event loop (`REPLICA_ENV`), not on the
+second loop and thread Ray 2.60 gives user code by default. The app never blocks its loop
+(engines run on worker threads; start-up on an executor), and on the second thread every ASGI
+message crosses threads one by one (`call_soon_threadsafe`), so Ray's streaming call carried
+about one message a piece; on the replica's loop Ray batches what the app sent in one turn
+(`serving/stream.py`). Measured on this 2-core CPU (tone, `bench/cpu_ray_hop.sh`, BENCHMARKS.md
+issue 21): a burst of 64 streams through Ray 181 audio-s/s against 119 on the second thread.
+It is Ray's documented `RAY_SERVE_THROUGHPUT_OPTIMIZED` setting for this one knob.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 from typing import Any
 
 from fastapi import FastAPI
@@ -38,6 +48,7 @@ from voxgate.serving.lifecycle import drain
 
 log = logging.getLogger(__name__)
 DRAIN_MARGIN_S = 5.0  # Ray's force-kill comes this long after the drain time: for the closes to go out
+REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}  # the app on the replica's own loop
 
 
 @serve.deployment
@@ -109,21 +120,37 @@ def install_cluster_routes(app: FastAPI) -> None:
     app.include_router(cluster_router)
 
 
+def haproxy_ingress() -> bool:
+    """Ray's HAProxy ingress (`RAY_SERVE_ENABLE_HA_PROXY=1`, Ray >= 2.55): HAProxy forwards each
+    connection straight to a replica's own HTTP server, and no Ray proxy or actor call carries
+    the request, its body or its messages. On this 2-core CPU (tone, `bench/cpu_ray_hop.sh`) it
+    added 0.7 ms to one stream's first audio against ~6-7 ms through Ray's proxy, and a burst of
+    64 kept ~90 % of one process's throughput against ~50 %. HAProxy then picks the replica:
+    `voxgate serve --replicas` has it hash `?session=` (`RAY_SERVE_HAPROXY_BALANCE_ALGORITHM`,
+    round robin without one); the `x-voxgate-session` header is not a key there."""
+    return os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
+
+
 def deployment_options(settings: Settings, replicas: int, max_replicas: int | None = None,
                        target_streams: int = 8) -> dict[str, Any]:  # fmt: skip
     """Ray Serve options for `replicas` voxgate replicas (autoscaled up to `max_replicas`)."""
     gpu = settings.engine == "qwen3" and settings.qwen3_device.startswith("cuda")
     options: dict[str, Any] = {
-        "ray_actor_options": {"num_gpus": 1 if gpu else 0, "num_cpus": 1 if gpu else 0.5},
+        "ray_actor_options": {
+            "num_gpus": 1 if gpu else 0,
+            "num_cpus": 1 if gpu else 0.5,
+            "runtime_env": {"env_vars": dict(REPLICA_ENV)},
+        },
         "max_ongoing_requests": settings.max_streams + settings.ws_max_sessions,
         "graceful_shutdown_timeout_s": settings.drain_s + DRAIN_MARGIN_S,
         "graceful_shutdown_wait_loop_s": 0.5,
         "health_check_period_s": 2.0,
-        "request_router_config": RequestRouterConfig(
+    }
+    if not haproxy_ingress():  # Ray refuses a custom router under HAProxy, which balances by itself
+        options["request_router_config"] = RequestRouterConfig(
             request_router_class=ROUTER_PATH,
             request_router_kwargs={"num_virtual_nodes": 100, "num_fallback_replicas": 0},
-        ),
-    }
+        )
     if max_replicas is not None and max_replicas > replicas:
         options["autoscaling_config"] = {
             "min_replicas": replicas,

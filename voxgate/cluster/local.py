@@ -28,6 +28,11 @@ def run_local(settings: Settings, replicas: int, max_replicas: int | None = None
     """Start Ray and the app; block until a signal; shut down gracefully. Returns the exit code."""
     # Ray's proxy hashes the session header it is told of; every Ray process it starts inherits this.
     os.environ.setdefault("RAY_SERVE_SESSION_ID_HEADER_KEY", "x-voxgate-session")
+    # Ray's proxy routes on its own event loop, not a second one (a thread hop each way per request
+    # and per streamed message; part of Ray's documented RAY_SERVE_THROUGHPUT_OPTIMIZED).
+    os.environ.setdefault("RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP", "0")
+    # Under Ray's HAProxy ingress (opt-in, deployment.haproxy_ingress) HAProxy routes: by `?session=`.
+    os.environ.setdefault("RAY_SERVE_HAPROXY_BALANCE_ALGORITHM", "url_param session")
     import ray
     from ray import serve
 
