@@ -8,7 +8,11 @@
 # by earlier calls on the same machine and kept outside the tree, e.g. in /tmp/carry).
 # Usage: RAY1=/tmp/carry/.gpu-ray1 RAY2=/tmp/carry/.gpu-ray2 sh bench/gpu_ray.sh [seed] [model]
 # Environment: RES (default $OUT), PER_REPLICA (64), N (sequential requests, 32), RUNS ("plain 1 2":
-# which of the three).
+# which of the three; "hap1 hap2" are 1 and 2 replicas behind Ray's HAProxy ingress instead of its
+# proxy, deployment.haproxy_ingress).
+# Then $RES/ray-$TAG-summary.json: the Ray hop (one stream's client TTFA p50 through Ray minus one
+# process's) and the aggregate: the 2-replica burst's throughput (2 x PER_REPLICA streams) over one
+# replica's (PER_REPLICA) and over one process's (target >= 1.9), from the runs present.
 set -u
 . bench/gpu_common.sh  # SEED ($1), MODEL ($2), TAG, RES; gpu_setup, wait_server
 PER_REPLICA=${PER_REPLICA:-64}
@@ -46,11 +50,42 @@ if echo "$RUNS" | grep -qw plain; then
     wait_server $SERVER $RES/serve-$TAG-plain.log && bench plain $PER_REPLICA
     kill $SERVER; wait $SERVER 2>/dev/null
 fi
-for R in $(echo "$RUNS" | sed 's/plain//'); do
-    python3 -m voxgate serve --replicas $R > $RES/serve-$TAG-ray$R.log 2>&1 &
+for RUN in $(echo "$RUNS" | sed 's/plain//'); do  # 1, 2: Ray's proxy; hap1, hap2: Ray's HAProxy ingress
+    R=${RUN#hap}; NAME=ray$RUN; HAP=0
+    [ "$RUN" = "$R" ] || { NAME=hap$R; HAP=1; }
+    RAY_SERVE_ENABLE_HA_PROXY=$HAP python3 -m voxgate serve --replicas $R > $RES/serve-$TAG-$NAME.log 2>&1 &
     SERVER=$!
-    wait_cluster $R $SERVER $RES/serve-$TAG-ray$R.log && bench ray$R $((R * PER_REPLICA))
-    curl -s localhost:8765/cluster/metrics | grep -E "^voxgate_(engine_streams_total|cluster)" > $RES/ray-$TAG-ray$R-metrics.txt
+    wait_cluster $R $SERVER $RES/serve-$TAG-$NAME.log && bench $NAME $((R * PER_REPLICA))
+    curl -s localhost:8765/cluster/metrics | grep -E "^voxgate_(engine_streams_total|cluster)" > $RES/ray-$TAG-$NAME-metrics.txt
     kill -TERM $SERVER; wait $SERVER 2>/dev/null
     sleep 3
 done
+python3 - "$RES" "$TAG" <<'PY'
+import json, os, sys
+res, tag = sys.argv[1:]
+runs = {}
+for name in ("plain", "ray1", "ray2", "hap1", "hap2"):
+    path = os.path.join(res, f"ray-{tag}-{name}.json")
+    if os.path.exists(path):
+        series = json.load(open(path))["results"]["qwen3"]
+        burst = next(v for k, v in series.items() if k.startswith("concurrent_"))
+        runs[name] = {"one_stream_client_ttfa_p50_ms": series["ten_words"]["client_ttfa_ms"]["p50"],
+                      "one_stream_server_ttfa_p50_ms": series["ten_words"]["server_ttfa_ms"]["p50"],
+                      "burst_streams": burst["concurrency"], "burst_audio_s_per_s": burst["audio_s_per_s"],
+                      "burst_client_ttfa_p50_ms": burst["client_ttfa_ms"]["p50"]}
+def ratio(a, b, key="burst_audio_s_per_s"):
+    return round(runs[a][key] / runs[b][key], 3) if a in runs and b in runs and runs[b][key] else None
+summary = {
+    "runs": runs,
+    "ray_hop_ms": {name: round(runs[name]["one_stream_client_ttfa_p50_ms"] - runs["plain"]["one_stream_client_ttfa_p50_ms"], 2)
+                   for name in ("ray1", "ray2", "hap1", "hap2") if name in runs and "plain" in runs},
+    "throughput_ratio_2_replicas_over_1": ratio("ray2", "ray1"),
+    "throughput_ratio_2_replicas_over_one_process": ratio("ray2", "plain"),
+    "throughput_ratio_1_replica_over_one_process": ratio("ray1", "plain"),
+    "haproxy_throughput_ratio_2_replicas_over_1": ratio("hap2", "hap1"),
+    "haproxy_throughput_ratio_2_replicas_over_one_process": ratio("hap2", "plain"),
+    "haproxy_throughput_ratio_1_replica_over_one_process": ratio("hap1", "plain"),
+}
+json.dump(summary, open(os.path.join(res, f"ray-{tag}-summary.json"), "w"), indent=1)
+print(json.dumps(summary, indent=1))
+PY
