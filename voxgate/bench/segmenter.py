@@ -59,6 +59,7 @@ class Push(NamedTuple):
     wall: float  # microseconds on the wall clock: the metric
     gc: float  # of the wall time, in the collector
     cpu: float | None  # this thread's CPU time around the push (and its clock reads, ~0.5 us), if read
+    emitted: int = 0  # segments the push returned
 
 
 class _Collector:
@@ -98,12 +99,12 @@ def push_costs(pieces: list[str], repeat: int = 1, cpu_clock: bool = False) -> l
             for n, piece in enumerate(pieces):
                 c0, collected = cpu(), collector.total
                 t0 = wall()
-                segmenter.push(piece)
+                emitted = len(segmenter.push(piece))
                 t1 = wall()
                 c1 = cpu()
                 if (t1 - t0) / 1000 < costs[n].wall:
                     used = (c1 - c0) / 1000 if cpu_clock else None
-                    costs[n] = Push((t1 - t0) / 1000, (collector.total - collected) / 1000, used)
+                    costs[n] = Push((t1 - t0) / 1000, (collector.total - collected) / 1000, used, emitted)
             segmenter.flush()
     finally:
         gc.callbacks.remove(collector)
@@ -125,6 +126,13 @@ def cost_summary(costs: list[Push], clocked: list[Push]) -> dict[str, Any]:
     out: dict[str, Any] = summary([c.wall for c in costs], 2)
     out["over_target"] = sum(1 for c in costs if c.wall > TARGET_US)
     out["over_target_in_gc"] = sum(1 for c in costs if c.wall > TARGET_US and c.gc > 0)
+    by_emitted: dict[str, list[float]] = {"0": [], "1": [], "2+": []}  # pushes that emit segments cost more
+    for c in costs:
+        by_emitted[str(c.emitted) if c.emitted < 2 else "2+"].append(c.wall)
+    out["by_segments_emitted"] = {}
+    for k, walls in by_emitted.items():
+        part = summary(walls, 2)
+        out["by_segments_emitted"][k] = {"n": part["n"], "p50": part["p50"], "p99": part["p99"]}
     over = [c for c in clocked if c.wall > TARGET_US and c.cpu is not None]
     out["cpu_clock_pass"] = {
         "p99": summary([c.wall for c in clocked], 2)["p99"],
@@ -182,12 +190,14 @@ def run_segmenter_bench(args: argparse.Namespace) -> int:
         lines.append(
             f"| {name} | {q['replies']} | {q['protected_spans']} | " + " | ".join(str(q[k]) for k in keys) + " |"
         )
-    lines += ["", "| input | pushes | p50 us | p99 us | max us | last tenth p99 us | over 50 us (in GC) | CPU-clock "
-              "pass: p99 / CPU p99 us, over 50 us (mostly off CPU / own CPU over 50) |", "|---" * 8 + "|"]  # fmt: skip
+    lines += ["", "| input | pushes | p50 us | p99 us | max us | last tenth p99 us | p50 / p99 us by segments emitted: "
+              "0, 1, 2+ | over 50 us (in GC) | CPU-clock pass: p99 / CPU p99 us, over 50 us (mostly off CPU / own "
+              "CPU over 50) |", "|---" * 9 + "|"]  # fmt: skip
     for name, c in cost.items():
-        d = c["cpu_clock_pass"]
+        d, e = c["cpu_clock_pass"], c["by_segments_emitted"]
+        by = ", ".join(f"{e[k]['p50']} / {e[k]['p99']}" for k in ("0", "1", "2+"))
         lines.append(f"| {name} | {c['n']} | {c['p50']} | {c['p99']} | {c['max']} | {c.get('last_tenth_p99', '')} "
-                     f"| {c['over_target']} ({c['over_target_in_gc']}) | {d['p99']} / {d['cpu_p99']}, "
+                     f"| {by} | {c['over_target']} ({c['over_target_in_gc']}) | {d['p99']} / {d['cpu_p99']}, "
                      f"{d['over_target']} ({d['off_cpu']} / {d['cpu_over_target']}) |")  # fmt: skip
     write_report(report, "segmenter", stamp, args.output_json, "\n".join(lines))
     return 0
