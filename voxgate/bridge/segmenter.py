@@ -39,12 +39,13 @@ text after it; only a reply that ends in one leaves an unspeakable final segment
 
 Each push costs about the same at any reply length: the scan resumes where it stopped (no rule
 reads where a segment starts, so an emitted cut keeps the boundaries found after it, and their
-running sizes are moved, not measured again), and text more than a few hundred characters
-behind the pending segment is dropped. What a push costs is mostly jieba: one call (~1.5 us,
-~3 us with the rules around it) per gap between two CJK characters, so the gaps of a main
-segment's first `_blind` characters (narrower than any main choice reads: under `main_min_width`
-columns and `cjk_flush_units` units) are not judged at all: about 60% of the calls on
-unpunctuated Chinese, with the same segments (tests/unit/test_segmenter.py). A boundary whose
+running sizes stay: the segment's base moves, nothing is measured again), and text more than a
+few hundred characters behind the pending segment is dropped. What a push costs is mostly
+jieba: one call per gap between two CJK characters (~2 us with the rules around it; more when
+its dictionary is out of the CPU's caches), so the gaps of a main segment's first `_blind`
+characters (narrower than any main choice reads: under `main_min_width` columns and
+`cjk_flush_units` units) are not judged at all: about 60% of the calls on unpunctuated Chinese,
+with the same segments (tests/unit/test_segmenter.py). A boundary whose
 verdict waits for a span's closer is held while the scan goes on, so no push judges a span's
 worth of text at once (the longest single pushes of the written corpus: ~230-380 -> ~100 us).
 Measured on the 2-core VM: BENCHMARKS.md, issue 18.
