@@ -67,6 +67,7 @@ def test_bf16_production_path_is_no_worse_than_the_official_bf16(full_size):
         for part in ("code0", "predictor"):
             kl, limit = figures[part]["kl_mean"], tol.kl_ratio * yardstick[part]["kl_mean"]
             assert kl <= limit, f"{part}: voxgate KL {kl:.3g} > {tol.kl_ratio} x official bf16"
-            assert figures[part]["top1"] >= yardstick[part]["top1"] - tol.top1_drop, part
+            # top-1 over the rows whose fp32 lead bf16 cannot honestly flip (parity_measure.clear_margin)
+            assert figures[part]["top1_clear"] >= yardstick[part]["top1_clear"] - tol.top1_drop, part
         assert figures["pcm_snr_db"] >= yardstick["pcm_snr_db"] - tol.snr_drop_db
     assert all(result["holds"].values()), result["holds"]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from voxgate.bench.parity_measure import Tolerance, agreement, measure, snr_db, verdict
+from voxgate.bench.parity_measure import Tolerance, agreement, clear_margin, measure, snr_db, verdict
 from voxgate.cli import main
 
 pytestmark = pytest.mark.slow
@@ -46,8 +46,31 @@ def test_snr_of_pcm():
     assert snr_db(clean, noisy) == pytest.approx(10 * math.log10(0.5 / 1e-4), abs=0.3)  # ~37 dB
 
 
+def test_a_near_tie_flipped_by_rounding_is_not_a_clear_disagreement():
+    reference = _logits()
+    best = reference.topk(2, -1)
+    near = reference.clone()
+    near[3, best.indices[3, 0]] = best.values[3, 1] + 0.01  # row 3: the lead is 0.01
+    near[5, best.indices[5, 0]] += 5  # row 5: a clear lead
+    flipped = near.clone()
+    flipped[3, best.indices[3, 1]] += 0.02  # rounding-sized: row 3's runner-up now wins
+    clear = near.clone()
+    clear[5, best.indices[5, 0]] -= 20  # row 5 loses its best code
+    top2 = near.topk(2, -1).values
+    leads = int((top2[:, 0] - top2[:, 1] > 0.1).sum())
+    assert 0 < leads < 50
+    tie = agreement(near, flipped, margin=0.1)
+    assert tie.top1 == pytest.approx(49 / 50)  # counted over all rows
+    assert tie.top1_clear == 1.0 and tie.clear_rows == leads  # ... but not over the clear ones
+    real = agreement(near, clear, margin=0.1)
+    assert real.top1_clear == pytest.approx((leads - 1) / leads)
+    assert clear_margin(reference, reference) == 0.0
+    noisy = reference + 0.05 * _logits(seed=2) / 3  # RMS error 0.05
+    assert clear_margin(reference, noisy) == pytest.approx(4 * 0.05, rel=0.05)
+
+
 def _figures(kl: float, top1: float, snr: float) -> dict:
-    part = {"kl_mean": kl, "top1": top1}
+    part = {"kl_mean": kl, "top1": top1, "top1_clear": top1}
     return {"code0": part, "predictor": part, "pcm_snr_db": snr}
 
 

@@ -37,8 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def table(result: dict[str, Any]) -> str:
     lines = [f"{result['kind']}: {result['frames']} frames ({', '.join(result['cases'])}), top-k k={result['topk']}",
-             f"{'run':<24}{'code':<11}{'KL mean':>10}{'KL p99':>10}{'KL max':>10}{'top-1':>8}{'top-k':>8}"
-             f"{'PCM SNR':>10}"]  # fmt: skip
+             f"{'run':<24}{'code':<11}{'KL mean':>10}{'KL p99':>10}{'KL max':>10}{'top-1':>8}{'clear':>8}"
+             f"{'top-k':>8}{'PCM SNR':>10}"]  # fmt: skip
     runs = [("official bf16", result["official_bf16"]), ("voxgate", result["voxgate"])]
     if "bucket" in result:
         runs.append((f"voxgate, {result['bucket']['rows']} rows", result["bucket"]["vs_fp32"]))
@@ -48,7 +48,7 @@ def table(result: dict[str, Any]) -> str:
             a = figures[part]
             snr = f"{figures['pcm_snr_db']:>8} dB" if part == "code0" else ""
             lines.append(f"{name:<24}{part:<11}{a['kl_mean']:>10.2e}{a['kl_p99']:>10.2e}{a['kl_max']:>10.2e}"
-                         f"{a['top1']:>8.3f}{a['topk']:>8.3f}{snr:>10}")  # fmt: skip
+                         f"{a['top1']:>8.3f}{a.get('top1_clear', 1.0):>8.3f}{a['topk']:>8.3f}{snr:>10}")  # fmt: skip
     lines.append("holds: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in result["holds"].items()))
     return "\n".join(lines)
 

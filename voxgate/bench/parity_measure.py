@@ -51,6 +51,8 @@ class Agreement:
     kl_max: float
     top1: float  # share of rows whose argmax is the reference's
     topk: float  # mean share of the reference's top-k ids among the run's top-k
+    clear_rows: int = 0  # rows whose reference leads its runner-up by more than the margin (see `clear_margin`)
+    top1_clear: float = 1.0  # share of those whose argmax is the reference's
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,19 +62,36 @@ class Tolerance:
 
     kl_ratio: float = 1.5  # voxgate's mean KL <= kl_ratio x the yardstick's
     kl_floor: float = 1e-6  # ... or below this (both exact, e.g. fp32 on the CPU)
-    top1_drop: float = 0.03  # voxgate's top-1 agreement >= the yardstick's - top1_drop
+    top1_drop: float = 0.03  # voxgate's top-1 agreement on clear rows >= the yardstick's - top1_drop
     snr_drop_db: float = 3.0  # voxgate's PCM SNR >= the yardstick's - snr_drop_db
 
 
-def agreement(reference: torch.Tensor, other: torch.Tensor, k: int = 10) -> Agreement:
-    """Compare logits (..., V) row by row."""
+CLEAR_SIGMAS = 4.0  # a row is clear when the reference's lead exceeds this many RMS bf16 logit errors
+
+
+def clear_margin(reference: torch.Tensor, yardstick: torch.Tensor) -> float:
+    """The logit lead below which bf16 may honestly flip a row's argmax: `CLEAR_SIGMAS` times the
+    yardstick's (the official bf16's) RMS logit error against the reference. Top-1 agreement over
+    all rows counts such near-ties, which either bf16 run flips by chance (on 100-400 frames one
+    frame is 0.25-1 %: voxgate alone and in a bucket differed by 0.033 on the same codes); over
+    the clear rows a flip is a real disagreement."""
+    diff = (yardstick.double() - reference.double()).reshape(-1)
+    return CLEAR_SIGMAS * diff.pow(2).mean().sqrt().item()
+
+
+def agreement(reference: torch.Tensor, other: torch.Tensor, k: int = 10, margin: float = 0.0) -> Agreement:
+    """Compare logits (..., V) row by row; `margin`: the lead that makes a row clear."""
     ref, oth = reference.reshape(-1, reference.shape[-1]).double(), other.reshape(-1, other.shape[-1]).double()
     lp, lq = torch.log_softmax(ref, -1), torch.log_softmax(oth, -1)
     kl = (lp.exp() * (lp - lq)).sum(-1).clamp_min(0)
-    top1 = (ref.argmax(-1) == oth.argmax(-1)).double().mean()
+    same = ref.argmax(-1) == oth.argmax(-1)
     a, b = ref.topk(k, -1).indices, oth.topk(k, -1).indices
     topk = (a[:, :, None] == b[:, None, :]).any(-1).double().mean()
-    return Agreement(len(kl), kl.mean().item(), kl.quantile(0.99).item(), kl.max().item(), top1.item(), topk.item())
+    best = ref.topk(2, -1).values
+    clear = best[:, 0] - best[:, 1] > margin
+    top1_clear = same[clear].double().mean().item() if clear.any() else 1.0
+    return Agreement(len(kl), kl.mean().item(), kl.quantile(0.99).item(), kl.max().item(), same.double().mean().item(),
+                     topk.item(), int(clear.sum()), top1_clear)  # fmt: skip
 
 
 def snr_db(reference: np.ndarray, other: np.ndarray) -> float:
@@ -83,10 +102,24 @@ def snr_db(reference: np.ndarray, other: np.ndarray) -> float:
     return math.inf if noise == 0 else 10 * math.log10(float((ref**2).sum()) / noise)
 
 
-def compare(reference: list[Trace], runs: list[Trace], k: int) -> dict[str, Any]:
+def margins(reference: list[Trace], yardstick: list[Trace]) -> dict[str, float]:
+    """Each part's clear-row margin (`clear_margin`), from the yardstick's error on the same prompts."""
+    parts = {"code0": lambda t: t.code0, "predictor": lambda t: t.rest}
+    return {
+        name: clear_margin(torch.cat([part(t) for t in reference]), torch.cat([part(t) for t in yardstick]))
+        for name, part in parts.items()
+    }
+
+
+def compare(
+    reference: list[Trace], runs: list[Trace], k: int, margin: dict[str, float] | None = None
+) -> dict[str, Any]:
     """Agreement of code 0 and of codes 1..15 over all prompts, and the PCM's SNR."""
-    code0 = agreement(torch.cat([t.code0 for t in reference]), torch.cat([t.code0 for t in runs]), k)
-    rest = agreement(torch.cat([t.rest for t in reference]), torch.cat([t.rest for t in runs]), k)
+    m = margin or {}
+    code0 = agreement(torch.cat([t.code0 for t in reference]), torch.cat([t.code0 for t in runs]), k, m.get("code0", 0))
+    rest = agreement(
+        torch.cat([t.rest for t in reference]), torch.cat([t.rest for t in runs]), k, m.get("predictor", 0)
+    )
     ref_pcm, run_pcm = np.concatenate([t.pcm for t in reference]), np.concatenate([t.pcm for t in runs])
     return {"code0": asdict(code0), "predictor": asdict(rest), "pcm_snr_db": round(snr_db(ref_pcm, run_pcm), 2)}
 
@@ -97,7 +130,7 @@ def verdict(ours: dict[str, Any], yardstick: dict[str, Any], tol: Tolerance) -> 
     for part in ("code0", "predictor"):
         kl, ref_kl = ours[part]["kl_mean"], yardstick[part]["kl_mean"]
         out[f"{part}_kl"] = kl <= max(tol.kl_ratio * ref_kl, tol.kl_floor)
-        out[f"{part}_top1"] = ours[part]["top1"] >= yardstick[part]["top1"] - tol.top1_drop
+        out[f"{part}_top1"] = ours[part]["top1_clear"] >= yardstick[part]["top1_clear"] - tol.top1_drop
     out["pcm_snr"] = ours["pcm_snr_db"] >= yardstick["pcm_snr_db"] - tol.snr_drop_db
     return out
 
@@ -149,17 +182,19 @@ def measure(
     decoder = _decoder(ck, max(1, bucket), frames)
     ours = [run_voxgate(decoder, ck, [(c, t)], voice) for c, t in zip(cases, teachers, strict=True)]
     _progress(f"voxgate {dtype} forced ({time.perf_counter() - t0:.0f} s)")
+    margin = margins(reference, yardstick)
     result = {"kind": kind, "cases": [c.name for c in cases], "frames_per_case": frames,
               "frames": frames * len(cases), "topk": k, "fused_kernels": ck.talker.model.kernels,
-              "graphs": decoder.stats.captured, "fused_sampler": decoder.fused_sampler,
-              "official_bf16": compare(reference, yardstick, k), "voxgate": compare(reference, ours, k)}  # fmt: skip
+              "graphs": decoder.stats.captured, "fused_sampler": decoder.fused_sampler, "clear_margin": margin,
+              "official_bf16": compare(reference, yardstick, k, margin),
+              "voxgate": compare(reference, ours, k, margin)}  # fmt: skip
     if bucket > 1:
         crowd = [(cases[i % len(cases)], teachers[i % len(cases)].roll(i, 0)) for i in range(1, bucket)]
         together = run_voxgate(decoder, ck, [(cases[0], teachers[0]), *crowd], voice)
         result["bucket"] = {"rows": bucket, "case": cases[0].name,
-                            "vs_fp32": compare(reference[:1], [together], k),
-                            "alone_vs_fp32": compare(reference[:1], ours[:1], k),
-                            "vs_alone": compare(ours[:1], [together], k)}  # fmt: skip
+                            "vs_fp32": compare(reference[:1], [together], k, margin),
+                            "alone_vs_fp32": compare(reference[:1], ours[:1], k, margin),
+                            "vs_alone": compare(ours[:1], [together], k, margin)}  # fmt: skip
         _progress(f"voxgate in a bucket of {bucket} ({time.perf_counter() - t0:.0f} s)")
     tol = Tolerance()
     result["tolerance"] = asdict(tol)
