@@ -22,9 +22,10 @@ second loop and thread Ray 2.60 gives user code by default. The app never blocks
 (engines run on worker threads; start-up on an executor), and on the second thread every ASGI
 message crosses threads one by one (`call_soon_threadsafe`), so Ray's streaming call carried
 about one message a piece; on the replica's loop Ray batches what the app sent in one turn
-(`serving/stream.py`). Measured on this 2-core CPU (tone, `bench/cpu_ray_hop.sh`, BENCHMARKS.md
-issue 21): a burst of 64 streams through Ray 181 audio-s/s against 119 on the second thread.
-It is Ray's documented `RAY_SERVE_THROUGHPUT_OPTIMIZED` setting for this one knob.
+(`serving/stream.py`). On a 2-core CPU (tone, `bench/cpu_ray_hop.sh`, BENCHMARKS.md issue 21)
+a burst's Ray messages carried 8.1 pieces each against 4.2, and its server-side first audio
+p50 fell from 137 to 85 ms. It is what Ray's documented `RAY_SERVE_THROUGHPUT_OPTIMIZED` sets
+for this knob.
 """
 
 from __future__ import annotations
@@ -123,9 +124,9 @@ def install_cluster_routes(app: FastAPI) -> None:
 def haproxy_ingress() -> bool:
     """Ray's HAProxy ingress (`RAY_SERVE_ENABLE_HA_PROXY=1`, Ray >= 2.55): HAProxy forwards each
     connection straight to a replica's own HTTP server, and no Ray proxy or actor call carries
-    the request, its body or its messages. On this 2-core CPU (tone, `bench/cpu_ray_hop.sh`) it
-    added 0.7 ms to one stream's first audio against ~6-7 ms through Ray's proxy, and a burst of
-    64 kept ~90 % of one process's throughput against ~50 %. HAProxy then picks the replica:
+    the request, its body or its messages. On a 2-core CPU (tone, `bench/cpu_ray_hop.sh`) it
+    added 0.8 ms to one stream's first audio p50 against 6.5 ms through Ray's proxy, and a burst
+    of 64 kept 82 % of one process's throughput against 40 %. HAProxy then picks the replica:
     `voxgate serve --replicas` has it hash `?session=` (`RAY_SERVE_HAPROXY_BALANCE_ALGORITHM`,
     round robin without one); the `x-voxgate-session` header is not a key there."""
     return os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
