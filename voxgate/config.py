@@ -230,6 +230,13 @@ class Settings(BaseSettings):
         description="Voice agent: a reply is not audible sooner than this after the user's last voiced audio; "
         "speech resuming within it cancels the reply unheard and joins the same turn.",
     )
+    agent_question_gap_ms: float = Field(
+        600.0,
+        ge=0,
+        le=10000,
+        description="Voice agent: the gap instead, for a turn whose transcript ends as a question ('?') and is not "
+        "only an opener (never above AGENT_MIN_GAP_MS).",
+    )
     agent_min_interruption_ms: float = Field(
         300.0, ge=0, le=10000, description="Voice agent: speech over a reply shorter than this never interrupts it."
     )

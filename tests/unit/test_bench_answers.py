@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from voxgate.bench.answers import Asked, outcome, summarise, word_recall
+from voxgate.bench.answers import Asked, gaps, outcome, summarise, table, word_recall
 from voxgate.bench.questions import PAUSE_RANGE_MS, QuestionSetError, load_questions
 
 SAID = 100.0  # the question's last word (bot clock)
@@ -93,6 +93,26 @@ def test_summary_rates_per_group_and_breakdown_from_the_final_reply_trace() -> N
 def test_breakdown_without_a_shared_clock_leaves_out_last_word_to_vad_end() -> None:
     s = summarise([_asked((0.2, "turn.end"), (1.0, "reply.start"))], [], same_host=False)
     assert "last_word_to_vad_end_ms" not in s and s["eot_to_stt_done_ms"]["n"] == 0
+
+
+def test_the_gap_each_final_reply_kept_and_how_long_it_held_ready_audio() -> None:
+    traces = [
+        {"trace_id": "q", "gap_reason": "question",  # ready at 100.5, released by the gap at 100.7
+         "marks": {"vad_end": 100.0, "tts_first_audio": 100.5, "audio_released": 100.7,
+                   "first_frame_published": 100.71}},
+        {"trace_id": "s", "gap_reason": "statement",  # ready after its gap: never held
+         "marks": {"vad_end": 100.0, "tts_first_audio": 101.2, "first_frame_published": 101.21}},
+        {"trace_id": "old", "marks": {"vad_end": 100.0, "tts_first_audio": 100.9, "first_frame_published": 100.91}},
+        {"trace_id": "cut", "gap_reason": "question", "marks": {"vad_end": 100.0, "stt_done": 100.4}},
+    ]  # fmt: skip
+    g = gaps(traces)
+    assert g["replies"] == {"none": 1, "question": 1, "statement": 1}  # the cut reply had no audio: not timed
+    assert g["held_replies"] == 1 and g["held_ms"]["max"] == pytest.approx(200.0) and g["held_ms"]["min"] == 0.0
+    assert g["held_share"] == pytest.approx(0.2 / (0.71 + 1.21 + 0.91), abs=1e-3)
+    assert g["eot_to_first_frame_published_ms"]["question"]["p50"] == pytest.approx(710.0)
+    asked = [_asked((0.2, "turn.end"), (1.0, "reply.start"), sentences=1, qid="a")]
+    traces[0]["trace_id"] = "r1"
+    assert "gap kept by the final replies: question 1" in table(summarise(asked, traces[:1], same_host=False))
 
 
 def test_word_recall_counts_each_expected_word_once() -> None:

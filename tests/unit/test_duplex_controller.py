@@ -35,6 +35,7 @@ from voxgate.agent.controller import (
     TtsFirstAudio,
     TurnTrace,
     VoiceHeard,
+    ends_as_question,
     has_words,
 )
 from voxgate.bridge.llm import Conversation
@@ -43,8 +44,10 @@ SYSTEM = {"role": "system", "content": "Be brief."}
 
 
 def _controller(**config) -> DuplexController:
-    """No minimum gap unless asked (its own tests below): the other scripts keep their actions exact."""
+    """No minimum gap unless asked (its own tests below): the other scripts keep their actions exact;
+    one gap for every turn unless a test asks for a shorter one after a question."""
     config.setdefault("min_gap_s", 0.0)
+    config.setdefault("question_gap_s", config["min_gap_s"])
     return DuplexController(ControllerConfig(**config), Conversation(system="Be brief."), call_id="c")
 
 
@@ -120,7 +123,9 @@ def test_a_turn_goes_listening_thinking_speaking_listening_with_every_action():
     assert c.handle(PlayoutDone("c-1", 3.8)) == [
         Mark("c-1", "playout_done", 3.8),
         Notify({"type": "reply.end", "trace_id": "c-1", "status": "completed", "heard": "It is noon."}),
-        TraceDone(TurnTrace("c-1", "completed", "What time is it?", "It is noon.", marks)),
+        TraceDone(
+            TurnTrace("c-1", "completed", "What time is it?", "It is noon.", marks, gap_ms=0.0, gap_reason="question")
+        ),
     ]
     assert c.state is State.LISTENING and c.turn is None
     assert c.conversation.turns == [{"role": "user", "content": "What time is it?"},
@@ -361,6 +366,7 @@ def test_a_finished_turn_notifies_its_trace_in_ms_from_the_end_of_speech_before_
         "marks": {"vad_start": -1000.0, "vad_end": 0.0, "stt_done": 250.0, "llm_first_token": 500.0,
                   "first_segment": 600.0, "tts_first_audio": 750.0, "first_frame_published": 760.0,
                   "playout_done": 1500.0},
+        "gap_ms": 0.0, "gap_reason": "statement",
     }]  # fmt: skip
     assert _kinds(actions)[-2:] == ["Notify", "TraceDone"]  # nothing about a turn after its TraceDone
 
@@ -518,7 +524,7 @@ def test_backchannels_are_told_from_words():
 # barge-ins); the other kinds come at random, in any order, for the races.
 _KINDS = ["next"] * 8 + ["start", "end", "transcript", "delta", "llm_done", "llm_failed", "segment", "tts", "audio",
                          "playout", "tick", "voice"]  # fmt: skip
-_SAID = ["", "uh-huh", "ok.", "hello there", "wait, stop"]
+_SAID = ["", "uh-huh", "ok.", "hello there", "wait, stop", "why?"]
 
 
 def _next(c: DuplexController, pick: int, said: str, seconds: float, at: float):
@@ -540,10 +546,11 @@ def _next(c: DuplexController, pick: int, said: str, seconds: float, at: float):
 @given(st.lists(st.tuples(st.sampled_from(_KINDS), st.integers(0, 5), st.integers(0, 3), st.sampled_from(_SAID),
                           st.floats(0, 0.7), st.sampled_from([0.0, 0.1, 0.5])), min_size=10, max_size=80))  # fmt: skip
 def test_random_event_orders_keep_the_invariants(steps):
-    c = _controller(stall_s=3.0, min_gap_s=0.5)
+    c = _controller(stall_s=3.0, min_gap_s=0.5, question_gap_s=0.2)
     seen: list[str] = []  # trace ids the controller gave out, newest last
     asked: dict[str, int] = {}  # the last transcript part asked for, per trace
     live: set[str] = set()  # replies started and not yet cancelled or finished
+    replied: set[str] = set()  # replies started
     done: set[str] = set()
     cut: set[str] = set()  # segment texts fed
     sounded: set[str] = set()  # segment texts fed, then some audio of them
@@ -565,6 +572,7 @@ def test_random_event_orders_keep_the_invariants(steps):
             elif isinstance(action, StartReply):
                 assert not live, "a new reply while another is live (no cancel before it)"
                 live.add(trace)
+                replied.add(trace)
                 assert action.messages[-1]["role"] == "user" and action.messages[-1]["content"]
             elif isinstance(action, FlushAudio):
                 assert trace in live and actions[i + 1] == CancelReply(trace, actions[i + 1].reason)
@@ -572,6 +580,8 @@ def test_random_event_orders_keep_the_invariants(steps):
                 assert trace in live and actions[i - 1] == FlushAudio(trace)
                 live.discard(trace)
             elif isinstance(action, TraceDone):
+                gap = {None: None, "question": 200.0, "statement": 500.0, "opener": 500.0}[action.trace.gap_reason]
+                assert action.trace.gap_ms == gap and (gap is None) == (trace not in replied)
                 assert all(p.startswith(f"{trace}#") for p in action.trace.heard.split(" ") if p), "another turn's text"
                 live.discard(trace)
                 done.add(trace)
@@ -773,6 +783,113 @@ def test_a_voice_end_after_the_speech_end_and_a_negative_gap_are_refused():
         SpeechEnded(1.0, voice_end=1.5)
     with pytest.raises(ValueError):
         ControllerConfig(min_gap_s=-1)
+
+
+# ---------------------------------------------------------------------------- the gap after a finished question
+
+
+def _gaps(**config) -> DuplexController:
+    """The defaults' shape: 1 s after a statement, 0.6 s after a question."""
+    return _controller(min_gap_s=1.0, question_gap_s=0.6, **config)
+
+
+def test_a_finished_question_is_released_at_the_short_gap_and_its_trace_says_why():
+    c = _gaps()
+    actions = _question(c, "What is the tallest mountain in the world?", voice_end=1.0, transcript_at=1.3)
+    reply = _only(actions, StartReply).trace_id
+    assert actions[-1] == HoldAudio(reply, True) and c.release_at() == pytest.approx(1.6)
+    assert not [a for a in c.handle(Tick(1.6 - 1e-6)) if isinstance(a, HoldAudio)]
+    assert c.handle(Tick(1.6)) == [HoldAudio(reply, False), Mark(reply, "audio_released", 1.6)]
+    c.handle(SegmentStarted(reply, 0, "Everest.", 1.65))
+    c.handle(AudioSent(reply, 0, 0.5, 1.7))
+    trace = _trace(c.handle(PlayoutDone(reply, 2.2)))
+    assert (trace.gap_ms, trace.gap_reason) == (600.0, "question")
+
+
+@pytest.mark.parametrize(("text", "reason"), [("I have six eggs in the fridge.", "statement"),
+                                              ("Tell me about Rome", "statement"),
+                                              ("Okay?", "opener"), ("Right, thanks?", "opener")])  # fmt: skip
+def test_a_statement_or_an_opener_keeps_the_long_gap(text, reason):
+    c = _gaps(opener_hold_s=0.0)  # an opener answered at once here, to see its gap
+    reply = _only(_question(c, text, voice_end=1.0, transcript_at=1.3), StartReply).trace_id
+    assert c.release_at() == pytest.approx(2.0)
+    assert not [a for a in c.handle(Tick(1.9)) if isinstance(a, HoldAudio)]
+    assert c.handle(Tick(2.0))[0] == HoldAudio(reply, False)
+    assert c.gap_for(text) == (1.0, reason)
+
+
+def test_an_opener_still_waits_for_the_question_and_the_whole_turn_gets_the_short_gap():
+    c = _gaps(opener_hold_s=1.2)
+    assert not [a for a in _question(c, "Hi there.", 1.0, 1.3) if isinstance(a, StartReply)]
+    assert not [a for a in c.handle(Tick(2.2)) if isinstance(a, StartReply)]  # the hold runs from vad_end (1.3)
+    c.handle(SpeechStarted(2.4))
+    stt = _only(c.handle(SpeechEnded(4.3, voice_end=4.0)), StartStt)
+    reply = _only(c.handle(Transcript(stt.trace_id, stt.part, "What is the tallest mountain?", 4.5)), StartReply)
+    assert reply.messages[-1]["content"] == "Hi there. What is the tallest mountain?"
+    assert c.release_at() == pytest.approx(4.6)
+
+
+def test_a_statement_then_a_question_within_the_long_gap_is_one_reply():
+    """The context class of the set: the statement's reply is held 1 s, so a pause of 0.8 s (longer
+    than the short gap) still finds it unheard; the whole question then gets the short gap."""
+    c = _gaps()
+    first = _only(_question(c, "I have six eggs in the fridge.", voice_end=1.0, transcript_at=1.3), StartReply)
+    c.handle(SegmentStarted(first.trace_id, 0, "Make an omelette.", 1.5))
+    c.handle(TtsFirstAudio(first.trace_id, 1.6))
+    assert not [a for a in c.handle(Tick(1.7)) if isinstance(a, HoldAudio)]  # past 0.6 s: still held
+    c.handle(VoiceHeard(1.8))
+    c.handle(SpeechStarted(1.85))
+    assert not [a for a in c.handle(Tick(2.1)) if isinstance(a, HoldAudio)]  # undecided speech over it
+    actions = c.handle(SpeechEnded(3.3, voice_end=3.0))
+    assert _trace(actions).status == "interrupted" and _trace(actions).heard == ""
+    stt = _only(actions, StartStt)
+    second = c.handle(Transcript(stt.trace_id, stt.part, "What can I cook for dinner?", 3.4))
+    assert _only(second, StartReply).messages[-1]["content"] == (
+        "I have six eggs in the fridge. What can I cook for dinner?")  # fmt: skip
+    assert second[-1] == HoldAudio(stt.trace_id, True) and c.release_at() == pytest.approx(3.6)
+
+
+def test_speech_resuming_within_the_short_gap_cancels_the_unheard_reply_and_joins_the_turn():
+    """A question followed by context after a short pause: one reply to both, and the turn now ends
+    as a statement, so it keeps the long gap."""
+    c = _gaps()
+    first = _only(_question(c, "What should I cook?", voice_end=1.0, transcript_at=1.3), StartReply).trace_id
+    c.handle(TtsFirstAudio(first, 1.4))
+    c.handle(VoiceHeard(1.5))  # 0.5 s after the voice: the user goes on
+    c.handle(SpeechStarted(1.75))
+    assert not [a for a in c.handle(Tick(1.8)) if isinstance(a, HoldAudio)]  # past the short gap, still held
+    actions = c.handle(SpeechEnded(3.0, voice_end=2.7))
+    assert _trace(actions).heard == "" and (_trace(actions).gap_ms, _trace(actions).gap_reason) == (600.0, "question")
+    stt = _only(actions, StartStt)
+    second = c.handle(Transcript(stt.trace_id, stt.part, "I have eggs and rice.", 3.3))
+    assert _only(second, StartReply).messages[-1]["content"] == "What should I cook? I have eggs and rice."
+    assert c.release_at() == pytest.approx(3.7)
+    assert not c.conversation.turns  # nothing was heard
+
+
+def test_the_short_gaps_cost_a_question_followed_by_more_after_a_longer_pause_hears_the_first_reply():
+    """The trade-off the docstring states: past the short gap a ready reply is heard, and the rest
+    of the user's words barge in on it."""
+    c = _gaps()
+    first = _only(_question(c, "What should I cook?", voice_end=1.0, transcript_at=1.3), StartReply).trace_id
+    c.handle(Tick(1.6))
+    _play(c, first, [("Try an omelette.", 0.3)], 1.65)
+    assert not [a for a in c.handle(SpeechStarted(1.9)) if isinstance(a, HoldAudio)]  # heard: not held
+    assert c.state is State.INTERRUPTING
+
+
+def test_the_question_gap_is_never_longer_than_the_minimum_gap():
+    c = _controller(min_gap_s=0.4, question_gap_s=0.6)
+    assert c.gap_for("Why?") == (0.4, "question")
+    with pytest.raises(ValueError):
+        ControllerConfig(question_gap_s=-0.1)
+
+
+@pytest.mark.parametrize(("text", "question"), [("Why?", True), ("What is it? ", True), ('He said "why?"', True),
+                                                ("Really?!", True), ("为什么？", True), ("Why is it? I see.", False),
+                                                ("Why.", False), ("", False), ("?x", False)])  # fmt: skip
+def test_a_question_is_told_by_its_last_sentence(text, question):
+    assert ends_as_question(text) is question
 
 
 # ---------------------------------------------------------------------------- acknowledgements

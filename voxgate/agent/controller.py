@@ -27,13 +27,34 @@ reply: `FlushAudio` (silence first), then `CancelReply` (LLM and TTS), and the n
 becomes the turn. The reply also ends normally when its playout finishes first; speech that
 began over it keeps the same rules.
 
-A reply is never audible sooner than `min_gap_s` after the user's last voiced audio, nor
-while the VAD hears voice it has not yet confirmed as speech (`VoiceHeard`): its audio is held
+A reply is never audible sooner than a gap after the user's last voiced audio, nor while the
+VAD hears voice it has not yet confirmed as speech (`VoiceHeard`): its audio is held
 (`HoldAudio`). A pause inside a question ("The leaves are turning yellow. [800 ms] What am I
 doing wrong?") can end the turn and start a reply within that pause; the user going on then
 finds the reply unheard. Speech over a reply nobody has heard yet holds its audio until the
 speech is decided (the rules above); an interruption then cancels it unheard, and its words
 join the new turn: one reply to the whole question.
+
+The gap depends on how finished the turn sounds in words, chosen when its reply starts
+(`gap_for`, kept in the trace as `gap_ms` and `gap_reason`): a turn whose transcript ends as a
+question ("?", which whisper writes) and is not only openers and acknowledgements ("Okay?")
+gets `question_gap_s` (0.6 s); any other turn `min_gap_s` (1 s). "End of turn" comes ~0.3-0.5 s
+after the last voice (the hangover and the turn model), so the long gap alone keeps a reply
+0.5-0.7 s past the end of turn however fast the engine is; the short one ~0.1-0.3 s. The rule
+from the 44-question set (`voxgate bench agent --questions multi`, eight runs, 410 replies):
+340 of the 352 transcripts that got the answering reply end in "?" (the 12 others: whisper
+wrote a statement, "I often show that I replace my running shoes."), and none of the 58
+transcripts of replies started at a pause inside a question do (those end at an opener or a
+statement: "I have six eggs in the fridge."). The turn model's probability adds nothing: inner
+pauses scored 0.77-0.99, the answering ends it judged complete 0.5-0.99 (and below 0.5 it had
+judged the pause unfinished: the turn ended 1.5 s after the voice, past any gap). The cost is speech the set
+lacks, a question followed by more after a pause ("What should I cook? [700 ms] I have eggs and
+rice."): the first question's reply is held only for a pause shorter than the short gap less
+the onset's detection (~0.55 s) or than the reply takes to be ready; past both (a GPU answers
+within ~0.3 s of the end of turn) its start is heard, and the rest is a barge-in whose words
+are the next turn, with what was heard in the history. On a 2-core CPU a reply is rarely ready
+within 1 s of the voice (end of turn -> first TTS audio p50 ~1 s), so there the rule changes
+little.
 
 History holds only what was heard: the reply's segments whose audio was published, all of
 a completed reply, and after a cut the last one only if `heard_min_s` of it was played. When
@@ -85,6 +106,7 @@ ACKNOWLEDGEMENTS = re.compile(
     r"|makes sense|fair enough|sounds good|no worries|all right|cool|great|perfect|awesome|nice|good|fine)\b"
 )
 _WORD = re.compile(r"[\w'-]+")
+_QUESTION_END = re.compile(r"[?？][?？!！]*[\s\"'”’»)\]」』]*$")
 
 
 class ControllerError(VoxgateError):
@@ -113,6 +135,9 @@ class ControllerConfig:
     # held): a pause inside a question is often 300-900 ms, and speech resuming within the gap
     # finds the reply unheard, so it is cancelled and its words join the question.
     min_gap_s: float = 1.0
+    # The gap for a turn that ends as a question (see the module's docstring), never above min_gap_s:
+    # a pause after a finished question is rarely the middle of one.
+    question_gap_s: float = 0.6
     # Voice the VAD hears, not yet confirmed as speech (`VoiceHeard`), holds an unheard reply this
     # long after it was last heard: speech is confirmed only after ~250 ms of it.
     onset_wait_s: float = 0.1
@@ -123,13 +148,19 @@ class ControllerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.min_interruption_s <= self.confirm_after_s or min(self.heard_min_s, self.stall_s) < 0:
             raise ValueError("need 0 <= min_interruption_s <= confirm_after_s, heard_min_s >= 0, stall_s >= 0")
-        if min(self.min_gap_s, self.onset_wait_s, self.opener_hold_s) < 0:
-            raise ValueError("need min_gap_s, onset_wait_s, opener_hold_s >= 0")
+        if min(self.min_gap_s, self.question_gap_s, self.onset_wait_s, self.opener_hold_s) < 0:
+            raise ValueError("need min_gap_s, question_gap_s, onset_wait_s, opener_hold_s >= 0")
 
 
 def has_words(text: str, backchannels: frozenset[str] = BACKCHANNELS) -> bool:
     """True when `text` says something beyond backchannels ("uh-huh", "ok") and punctuation."""
     return any(word.strip("'-") not in backchannels for word in _WORD.findall(text.lower()))
+
+
+def ends_as_question(text: str) -> bool:
+    """True when `text`'s last sentence is a question: it ends in "?" (or "？", "?!"), closing
+    quotes and brackets aside."""
+    return _QUESTION_END.search(text) is not None
 
 
 # ---------------------------------------------------------------------------- events
@@ -253,6 +284,8 @@ class TurnTrace:
     marks: dict[str, float]
     error: str | None = None
     end_of_turn: TurnDecision | None = None  # the turn model's verdict on the user's last pause
+    gap_ms: float | None = None  # the gap its reply's audio kept after the user's voice (None: no reply)
+    gap_reason: str | None = None  # why: question | statement | opener
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +308,7 @@ class FlushAudio:
 @dataclass(frozen=True, slots=True)
 class HoldAudio:
     """Publish none of the reply's audio while `hold` (it stays queued), or go on: none of it
-    was heard yet, and the user may still be talking (within `min_gap_s` of their last voice,
+    was heard yet, and the user may still be talking (within the turn's gap after their last voice,
     voice heard, or speech over it not yet decided)."""
 
     trace_id: str
@@ -329,6 +362,8 @@ class Turn:
     played: dict[int, float] = field(default_factory=dict)  # seconds published per segment
     marks: dict[str, float] = field(default_factory=dict)
     end_of_turn: TurnDecision | None = None
+    gap_s: float = 0.0  # set when its reply starts (`gap_for`)
+    gap_reason: str | None = None
 
     def text(self) -> str:
         return " ".join(p for p in self.parts if p)
@@ -424,14 +459,24 @@ class DuplexController:
             return None
         if turn.held and self.pending is not None:
             return None
-        return max(turn.voice_end + cfg.min_gap_s, self._voice_at + cfg.onset_wait_s)
+        return max(turn.voice_end + turn.gap_s, self._voice_at + cfg.onset_wait_s)
 
     def _must_wait(self, turn: Turn, at: float) -> bool:
         if turn.published:
             return False
         cfg = self.config
         undecided = turn.held and self.pending is not None  # speech over it, not yet judged
-        return undecided or at < turn.voice_end + cfg.min_gap_s or at < self._voice_at + cfg.onset_wait_s
+        return undecided or at < turn.voice_end + turn.gap_s or at < self._voice_at + cfg.onset_wait_s
+
+    def gap_for(self, text: str) -> tuple[float, str]:
+        """The gap a reply to `text` keeps after the user's last voice, and why (the rule and its
+        numbers: the module's docstring)."""
+        cfg = self.config
+        if not ends_as_question(text):
+            return cfg.min_gap_s, "statement"
+        if self._opener_only(text):  # "Okay?", "Right?": a question may still follow
+            return cfg.min_gap_s, "opener"
+        return min(cfg.question_gap_s, cfg.min_gap_s), "question"
 
     # ------------------------------------------------------------------ the user
 
@@ -493,6 +538,7 @@ class DuplexController:
         else:  # a confirmed turn is always self.turn (confirming promotes it)
             turn.user, self._carry = " ".join(filter(None, (self._carry, turn.text()))), ""
             turn.replying = True
+            turn.gap_s, turn.gap_reason = self.gap_for(turn.user)
             self._out.append(StartReply(turn.trace_id, tuple(self.conversation.messages(turn.user))))
             self._notify("reply.start", turn)
 
@@ -594,9 +640,12 @@ class DuplexController:
         if self.config.detail_events:  # before TraceDone: nothing about a turn comes after it
             end = turn.marks.get("vad_end")
             marks = {} if end is None else {k: round(1000 * (t - end), 1) for k, t in turn.marks.items()}
-            self._notify("turn.trace", turn, status=status, marks=marks)
+            gap = {"gap_ms": round(1000 * turn.gap_s, 1), "gap_reason": turn.gap_reason} if turn.replying else {}
+            self._notify("turn.trace", turn, status=status, marks=marks, **gap)
         user = turn.user or turn.text()
-        trace = TurnTrace(turn.trace_id, status, user, heard, dict(turn.marks), turn.error, turn.end_of_turn)
+        gap_ms = round(1000 * turn.gap_s, 1) if turn.replying else None
+        trace = TurnTrace(turn.trace_id, status, user, heard, dict(turn.marks), turn.error, turn.end_of_turn,
+                          gap_ms, turn.gap_reason if turn.replying else None)  # fmt: skip
         self._out.append(TraceDone(trace))
 
     def _mark(self, turn: Turn, name: str, at: float, first: bool = True) -> None:

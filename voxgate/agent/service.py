@@ -86,7 +86,8 @@ class AgentService:
         controller = ControllerConfig(min_interruption_s=s.agent_min_interruption_ms / 1000,
                                       confirm_after_s=s.agent_confirm_after_ms / 1000,
                                       opener_hold_s=s.agent_opener_hold_ms / 1000,
-                                      min_gap_s=s.agent_min_gap_ms / 1000, detail_events=True)  # fmt: skip
+                                      min_gap_s=s.agent_min_gap_ms / 1000,
+                                      question_gap_s=s.agent_question_gap_ms / 1000, detail_events=True)  # fmt: skip
         driver = CallDriver(self.state, call_id, session.outbound, session, transcriber, vad, config, controller,
                             client=client)  # fmt: skip
         self.drivers[call_id] = driver

@@ -114,6 +114,28 @@ def breakdown(traces: list[dict[str, Any]], said_at: dict[str, float] | None = N
     return out
 
 
+def gaps(traces: list[dict[str, Any]]) -> dict[str, Any]:
+    """The gap each final reply kept after the user's voice (its trace's `gap_reason`: question,
+    statement, opener; "none" from an agent without one) and its share of end of turn -> first
+    frame: how long the reply's first audio waited past its first TTS audio (`audio_released`
+    later than `tts_first_audio`: the gap, or voice not yet judged; 0 when it was ready later)."""
+    timed = [t for t in traces if {"vad_end", "tts_first_audio", "first_frame_published"} <= t["marks"].keys()]
+    held = [max(0.0, t["marks"].get("audio_released", 0.0) - t["marks"]["tts_first_audio"]) for t in timed]
+    total = sum(t["marks"]["first_frame_published"] - t["marks"]["vad_end"] for t in timed)
+    reasons = sorted({t.get("gap_reason") or "none" for t in timed})
+    return {
+        "replies": {r: sum((t.get("gap_reason") or "none") == r for t in timed) for r in reasons},
+        "held_ms": summary([1000 * h for h in held], 1),
+        "held_replies": sum(h > 0 for h in held),
+        "held_share": round(sum(held) / total, 3) if total > 0 else None,
+        "eot_to_first_frame_published_ms": {
+            r: summary([1000 * (t["marks"]["first_frame_published"] - t["marks"]["vad_end"])
+                        for t in timed if (t.get("gap_reason") or "none") == r], 1)
+            for r in reasons
+        },
+    }  # fmt: skip
+
+
 def word_recall(expected: str, heard: str) -> float:
     """Share of the expected words found in what the agent transcribed (each word once)."""
     want, got = words(expected), words(heard)
@@ -145,6 +167,7 @@ def summarise(
             [o.last_word_to_first_audio_ms for o in outcomes if o.last_word_to_first_audio_ms is not None], 1
         ),
         "final_reply_word_recall": summary(recall, 3),
+        "gap": gaps(final),
         "stuck_s": stuck_s,
         "outcomes": [asdict(o) for o in outcomes],
     }
@@ -167,4 +190,10 @@ def table(s: dict[str, Any]) -> str:
     lines += [f"| {name} | {v['n']} | {v['p50']} | {v['p95']} |" for name, v in rows]
     r = s["final_reply_word_recall"]
     lines.append(f"\nwords of the whole question in the final reply's transcript: p50 {r['p50']}, min {r['min']}")
+    g = s.get("gap")
+    if g:
+        by = ", ".join(f"{k} {g['replies'][k]} (EoT -> first frame p50 {v['p50']} / p95 {v['p95']} ms)"
+                       for k, v in g["eot_to_first_frame_published_ms"].items())  # fmt: skip
+        lines.append(f"gap kept by the final replies: {by}; held past their first TTS audio: {g['held_replies']} "
+                     f"replies, p95 {g['held_ms']['p95']} ms, {g['held_share']} of EoT -> first frame")  # fmt: skip
     return "\n".join(lines)
