@@ -160,7 +160,7 @@ class BatchDecoder:
         if self.fused_sampler:
             self._first = torch.zeros(s, 2, h, dtype=self.dtype, **z)  # the code predictor's first input
             self._next = torch.zeros(s, h, dtype=self.dtype, **z)  # its input for the next code
-            self._frame = torch.zeros(s, h, dtype=self.dtype, **z)  # the sum of the frame's embeddings
+            self._frame = torch.zeros(s, h, dtype=torch.float32, **z)  # the sum of the frame's embeddings
             self._talker_in = torch.zeros(s, h, dtype=self.dtype, **z)  # that plus the text: the talker's input
         # Host-side mirror of each row's position (to pick the attention length without a sync).
         self.host_position = [0] * s

@@ -137,12 +137,13 @@ if triton is not None:
         row = tl.load(table_ptr + code.to(tl.int64) * H + hcols, mask=hmask, other=0.0)
         if EMBED:
             tl.store(embed_ptr + b * s_embed + hcols, row, mask=hmask)
+        # The frame's sum stays float32 (the buffer is float32) and is rounded to the model's
+        # dtype once, before the text row is added: as `Talker.frame_embedding` and the official sum.
         if FRAME == 1:
-            total = row
+            total = row.to(tl.float32)
             tl.store(frame_ptr + b * H + hcols, total, mask=hmask)
-        if FRAME == 2:  # rounded after each add, as the PyTorch sum of embeddings is
-            total = tl.load(frame_ptr + b * H + hcols, mask=hmask, other=0.0)
-            total = (total.to(tl.float32) + row.to(tl.float32)).to(row.dtype)
+        if FRAME == 2:
+            total = tl.load(frame_ptr + b * H + hcols, mask=hmask, other=0.0) + row.to(tl.float32)
             tl.store(frame_ptr + b * H + hcols, total, mask=hmask)
         if TEXT:
             draws = tl.load(draws_ptr + b)
@@ -150,7 +151,7 @@ if triton is not None:
             text = tl.load(trailing_ptr + b * s_tr_b + line * s_tr_r + hcols, mask=hmask, other=0.0)
             pad = tl.load(pad_ptr + hcols, mask=hmask, other=0.0)
             text = tl.where(draws < tl.load(text_len_ptr + b), text, pad)
-            total = (total.to(tl.float32) + text.to(tl.float32)).to(row.dtype)
+            total = (total.to(row.dtype).to(tl.float32) + text.to(tl.float32)).to(row.dtype)
             tl.store(text_out_ptr + b * H + hcols, total, mask=hmask)
 
 
@@ -170,8 +171,9 @@ def sample_codes(
 ) -> None:
     """Draw one code per row of `logits` (B, V) into `codes` (B,) (any stride) as `sample_rows`
     would with `width` > 0 ranked candidates, and gather `table[code]`: into `embed` (B, H) when
-    given, into the running frame embedding `frame` (B, H) (`FRAME_SET` starts it, `FRAME_ADD`
-    adds to it), and with `text` the frame plus the text row into `text.out`. `noise` (B, >=
+    given, into the running frame embedding `frame` (B, H, float32) (`FRAME_SET` starts it,
+    `FRAME_ADD` adds to it), and with `text` the frame, rounded to the table's dtype, plus the text
+    row into `text.out`. `noise` (B, >=
     width) is the Gumbel noise by rank; `talker` applies the talker's processors first."""
     b, v = logits.shape
     h = table.shape[1]
@@ -181,6 +183,8 @@ def sample_codes(
         raise ValueError("the frame embedding buffer is needed to add to it")
     if text is not None and frame_mode == FRAME_NONE:
         raise ValueError("the text row is added to the frame embedding made in the same call")
+    if frame is not None and frame.dtype != torch.float32:
+        raise ValueError("the frame embedding buffer accumulates in float32")
     for tensor in (frame, text.out if text else None, talker.seen if talker else None):
         if tensor is not None and not tensor.is_contiguous():
             raise ValueError("the frame, text and seen buffers must be contiguous")

@@ -77,11 +77,15 @@ class Talker(nn.Module):
         return self.model.codec_embedding(ids)
 
     def frame_embedding(self, codes: torch.Tensor) -> torch.Tensor:
-        """Sum of the 16 codebook embeddings of frames `codes` (B, 16) -> (B, hidden)."""
-        total = self.model.codec_embedding(codes[:, 0])
+        """Sum of the 16 codebook embeddings of frames `codes` (B, 16) -> (B, hidden), added in
+        float32 and rounded once to the model's dtype, as the official implementation's
+        `torch.sum` of the stacked embeddings is (a bf16 sum rounded after each of the 15 adds
+        put code 0's KL against fp32 at 1.07-1.10x the official bf16's, BENCHMARKS issue 22)."""
+        first = self.model.codec_embedding(codes[:, 0])
+        total = first.float()
         for i, table in enumerate(self.code_predictor.model.codec_embedding):
-            total = total + table(codes[:, i + 1])
-        return total
+            total = total + table(codes[:, i + 1]).float()
+        return total.to(first.dtype)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         p = self.codec_head.weight
