@@ -13,6 +13,7 @@
 #   carry [".gpu-agentN"]:      sh bench/gpu_agent.sh basic      (joins and installs the parts, builds
 #                               the checkpoint, starts the server, warm-up call, the basic bench)
 #   no carry:                   sh bench/gpu_agent.sh multi      (the multi-sentence set, ~6 min)
+#   no carry:                   sh bench/gpu_agent.sh followup   (a question, then more after a pause: 8, ~2 min)
 # Each bench mode leaves $RES/agent-<mode>-<NAME>.tgz (JSON, tables, the server log, the call traces).
 # Environment: RES (default $OUT), CARRY (/tmp/carry), NAME (results label, default "default"),
 # EXTRA (more server settings, KEY=VALUE without VOXGATE_, e.g. "AGENT_MIN_GAP_MS=400": a server
@@ -25,7 +26,7 @@
 # say EOS, so each segment speaks its length guard (max(64, 8 x tokens) frames of 80 ms, >= 5 s) and
 # the basic set waits for every reply to play out; first audio does not depend on the cap.
 set -u
-MODE=${1:?usage: sh bench/gpu_agent.sh stash|basic|multi|stop}
+MODE=${1:?usage: sh bench/gpu_agent.sh stash|basic|multi|followup|stop}
 SEED=11
 MODEL=Qwen3-TTS-12Hz-0.6B-CustomVoice
 RES=${RES:-$OUT}
@@ -168,6 +169,10 @@ case $MODE in
         stash; unpack || exit 1; server || { results multi; exit 1; }
         bench multi --questions multi --limit "${LIMIT:-0}"
         results multi ;;
+    followup)  # needs a bundle recorded with the follow-up set (after 87456ba)
+        stash; unpack || exit 1; server || { results followup; exit 1; }
+        bench followup --questions followup
+        results followup ;;
     stop) [ -f "$RUN/server.pid" ] && kill "$(cat "$RUN/server.pid")"; rm -f "$RUN/server.pid" ;;
-    *) echo "unknown mode $MODE: stash|basic|multi|stop"; exit 2 ;;
+    *) echo "unknown mode $MODE: stash|basic|multi|followup|stop"; exit 2 ;;
 esac

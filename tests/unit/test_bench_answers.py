@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from voxgate.bench.answers import Asked, gaps, outcome, summarise, table, word_recall
-from voxgate.bench.questions import PAUSE_RANGE_MS, QuestionSetError, load_questions
+from voxgate.bench.questions import FOLLOWUP_FILE, PAUSE_RANGE_MS, QuestionSetError, load_questions
 
 SAID = 100.0  # the question's last word (bot clock)
 
@@ -126,6 +126,17 @@ def test_the_set_has_forty_questions_with_inner_pauses_openers_and_singles() -> 
     assert len(questions) >= 40 and len(multi) >= 30 and len(questions) - len(multi) >= 5
     assert sum(q.kind == "opener" for q in questions) >= 10
     assert all(PAUSE_RANGE_MS[0] <= p <= PAUSE_RANGE_MS[1] for q in multi for p in q.pauses_ms)
+
+
+def test_the_followup_set_asks_a_question_then_says_more_after_a_pause() -> None:
+    """What the short gap after a question costs: every first sentence is a question, every last a statement."""
+    from voxgate.agent.controller import ends_as_question
+
+    questions = load_questions(FOLLOWUP_FILE)
+    assert len(questions) >= 8 and all(q.kind == "followup" and len(q.sentences) == 2 for q in questions)
+    assert all(ends_as_question(q.sentences[0]) and not ends_as_question(q.sentences[1]) for q in questions)
+    assert {q.id for q in questions}.isdisjoint(q.id for q in load_questions())  # recorded into one folder
+    assert all(PAUSE_RANGE_MS[0] <= p <= PAUSE_RANGE_MS[1] for q in questions for p in q.pauses_ms)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,8 @@ questions; every `--barge-every`-th turn the bot talks over the reply as soon as
 arrives. From the server's traces: EoT (VAD end of turn) -> STT done, LLM first token, first
 segment, TTS first audio, first frame published (p50/p95), TTS first audio -> first frame
 published, and turn statuses; from the bot: every completed reply audible (RMS floor).
-`--questions multi` asks the multi-sentence set instead (issue 20: `agent_set`, `answers`).
+`--questions multi` asks the multi-sentence set instead (issue 20: `agent_set`, `answers`), `followup`
+the questions followed by more after a pause.
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--barge-every", type=int, default=5, help="talk over every Nth reply (default 5; 0: never)")
     parser.add_argument("--url", default=None, help="a running server (needs --trace-dir: its VOXGATE_AGENT_TRACE_DIR)")
     parser.add_argument("--trace-dir", default=None, help="where that server writes its call traces")
-    parser.add_argument("--questions", choices=("basic", "multi"), default="basic",
+    parser.add_argument("--questions", choices=("basic", "multi", "followup"), default="basic",
                         help="basic: five Piper questions, --turns of them in one call; multi: the multi-sentence set "
-                             "(issue 20; espeak-ng voices and Piper, one call per question)")  # fmt: skip
+                             "(issue 20; espeak-ng voices and Piper, one call per question); followup: questions "
+                             "followed by more after a pause, as multi")  # fmt: skip
     parser.add_argument("--limit", type=int, default=0, help="multi: only the set's first N questions (default all)")
     parser.add_argument(
         "--questions-dir",
@@ -84,11 +86,12 @@ def basic_recordings(recorded: RecordedSet | None = None) -> list[Recording]:
 
 
 def record_sets(folder: Path) -> Path:
-    """Both sets (the multi-sentence set with its warm-up, and the basic one) into `folder`."""
+    """Every set (the multi-sentence set with its warm-up, the follow-up set, the basic one) into `folder`."""
     from voxgate.bench import agent_set
 
     multi, warm_up = agent_set.recordings(0)
-    return write_recordings(folder, [*multi, warm_up, *basic_recordings()])
+    followup, _ = agent_set.recordings(0, name="followup")
+    return write_recordings(folder, [*multi, *followup, warm_up, *basic_recordings()])
 
 
 async def _call(url: str, turns: int, barge_every: int, speech: list[Recording]) -> dict[str, Any]:
@@ -195,8 +198,9 @@ def same_host(url: str | None) -> bool:
 
 
 def _command(args: argparse.Namespace) -> str:
-    if args.questions == "multi":
-        shape = f"--questions multi --stuck-s {args.stuck_s:g}" + (f" --limit {args.limit}" if args.limit else "")
+    if args.questions != "basic":
+        shape = f"--questions {args.questions} --stuck-s {args.stuck_s:g}"
+        shape += f" --limit {args.limit}" if args.limit else ""
     else:
         shape = f"--turns {args.turns} --barge-every {args.barge_every}"
     shape += f" --questions-dir {args.questions_dir}" if args.questions_dir else ""
@@ -221,12 +225,12 @@ def run_agent_bench(args: argparse.Namespace) -> int:
         return 0
     before = machine()
     with _target(args) as (url, trace_dir):
-        if args.questions == "multi":
+        if args.questions != "basic":
             body, table = agent_set.run(args, url, trace_dir, same_host=same_host(args.url))
         else:
             body, table = _basic(args, url, trace_dir)
     stamp = datetime.now(UTC)
-    name = "agent-questions" if args.questions == "multi" else "agent"
+    name = {"basic": "agent", "multi": "agent-questions"}.get(args.questions, f"agent-questions-{args.questions}")
     report = {"bench": name, "date": stamp.isoformat(timespec="seconds"), "command": _command(args),
               "machine": before, **body}  # fmt: skip
     write_report(report, name, stamp, args.output_json, table)

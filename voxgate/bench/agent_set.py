@@ -22,6 +22,7 @@ import numpy as np
 from voxgate.bench.answers import Asked, summarise, table
 from voxgate.bench.questions import (
     PIPER,
+    SET_FILES,
     Question,
     RecordedSet,
     Recording,
@@ -85,11 +86,13 @@ async def ask_all(url: str, recordings: list[Recording], stuck_s: float, warm_up
     return asked
 
 
-def recordings(limit: int, recorded: RecordedSet | None = None) -> tuple[list[Recording], Recording]:
-    """The set (its first `limit` questions when > 0) and the warm-up question, spoken by the
-    voices available here, or read from a set recorded earlier (`voxgate bench agent
-    --record-questions`, for a machine without espeak-ng or Piper)."""
-    questions = load_questions()
+def recordings(
+    limit: int, recorded: RecordedSet | None = None, name: str = "multi"
+) -> tuple[list[Recording], Recording]:
+    """The set `name` (multi, followup; its first `limit` questions when > 0) and the warm-up
+    question, spoken by the voices available here, or read from a set recorded earlier
+    (`voxgate bench agent --record-questions`, for a machine without espeak-ng or Piper)."""
+    questions = load_questions(SET_FILES[name])
     questions = questions[:limit] if limit > 0 else questions
     if recorded is not None:
         return [recorded.get(q) for q in questions], recorded.get(WARM_UP)
@@ -106,7 +109,7 @@ def read_traces(trace_dir: Path, call_ids: list[str]) -> list[dict[str, Any]]:
 def run(args: argparse.Namespace, url: str, trace_dir: Path, same_host: bool) -> tuple[dict[str, Any], str]:
     """Ask the whole set; returns the report's body (summary, the calls, their traces) and its table."""
     recorded = RecordedSet(Path(args.questions_dir)) if args.questions_dir else None
-    recs, warm_up = recordings(args.limit, recorded)
+    recs, warm_up = recordings(args.limit, recorded, args.questions)
     asked = asyncio.run(ask_all(url, recs, args.stuck_s, warm_up))
     time.sleep(0.5)  # the last call's trace line
     traces = read_traces(trace_dir, [a.call_id for a in asked])

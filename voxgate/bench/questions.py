@@ -31,7 +31,9 @@ from voxgate.types import VoxgateError
 log = logging.getLogger(__name__)
 
 QUESTIONS_FILE = Path(__file__).with_name("agent_questions.toml")
-KINDS = ("opener", "context", "long", "single")
+FOLLOWUP_FILE = Path(__file__).with_name("agent_questions_followup.toml")  # a question, then more after a pause
+SET_FILES = {"multi": QUESTIONS_FILE, "followup": FOLLOWUP_FILE}
+KINDS = ("opener", "context", "long", "single", "followup")
 PAUSE_RANGE_MS = (300, 900)  # longer than the VAD's 200 ms hangover, as people pause between sentences
 LEAD_S = 0.3  # silence before the first word, as a mic sends before anyone speaks
 USER_PEAK = 0.3  # the words' peak (-10 dBFS), a mic's level, as in the regression harness's calls
