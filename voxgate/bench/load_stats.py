@@ -50,6 +50,17 @@ class UnitTally:
     mismatched: int
 
 
+@dataclass(frozen=True, slots=True)
+class Underrun:
+    """One moment a listener's buffer ran dry by the server's doing."""
+
+    seconds: float  # how long the listener heard nothing
+    ended_at: float  # when the audio that ended it arrived (the client's clock)
+    after_first_audio: float  # that, from its utterance's first audio
+    utterance: int
+    seq: int  # the audio message that ended it
+
+
 class SessionLedger:
     """What one session sent and received, by unit index. Times are seconds since the run began."""
 
@@ -79,6 +90,7 @@ class SessionLedger:
         self.failure: str | None = None
         self.play_end: dict[int, float] = {}  # per utterance: when the listener's buffer runs dry
         self.underruns: list[float] = []  # seconds of each underrun
+        self.underrun_events: list[Underrun] = []  # the same, with where each one fell
 
     # ---------------------------------------------------------------- events
 
@@ -98,7 +110,7 @@ class SessionLedger:
             self.mismatch(f"audio seq {seq}: header says {header['bytes']} bytes, frame has {nbytes}")
         if not self._range_ok("audio", utt, start, end):
             return
-        self._listen(utt, end, int(header.get("samples", 0)), t)
+        self._listen(utt, seq, end, int(header.get("samples", 0)), t)
         for i in range(start, end + 1):
             self.first_audio_at.setdefault(i, t)
         self.utterance_first_audio.setdefault(utt, t)
@@ -107,13 +119,15 @@ class SessionLedger:
         segment.seqs.append(seq)
         segment.samples += int(header.get("samples", 0))
 
-    def _listen(self, utt: int, unit_end: int, samples: int, t: float) -> None:
+    def _listen(self, utt: int, seq: int, unit_end: int, samples: int, t: float) -> None:
         seconds = samples / self.sample_rate if self.sample_rate else 0.0
         dry = self.play_end.get(utt)
         if dry is not None:
             silent_from = max(dry, self.sent_at[unit_end])
             if t > silent_from:
                 self.underruns.append(t - silent_from)
+                first = self.utterance_first_audio.get(utt, t)
+                self.underrun_events.append(Underrun(t - silent_from, t, t - first, utt, seq))
         self.play_end[utt] = max(dry if dry is not None else t, t) + seconds
 
     def units_done(self, utt: int, start: int, end: int) -> None:
@@ -307,15 +321,37 @@ def summarize(ledgers: Sequence[SessionLedger], sending_s: float) -> dict[str, A
     }
 
 
+MAX_UNDERRUN_EVENTS = 200  # the report lists at most this many underruns one by one (the longest)
+
+
 def underruns(ledgers: Sequence[SessionLedger]) -> dict[str, Any]:
-    """Underruns (see the module's docstring) in all, and per session (count, ms)."""
+    """Underruns (see the module's docstring) in all, and per session (count, ms); then the
+    longest ones one by one (`events`), each with when it ended in seconds from the run's
+    first audio (underruns of many sessions at one moment: a stall of the whole server), how
+    long after its utterance's first audio (right after it: a new stream's second chunk came
+    late) and the audio message (`seq`) that ended it."""
     per = [(len(ledger.underruns), 1000 * sum(ledger.underruns)) for ledger in ledgers]
+    starts = [t for ledger in ledgers for t in ledger.utterance_first_audio.values()]
+    origin = min(starts, default=0.0)
+    events = [(e, i) for i, ledger in enumerate(ledgers) for e in ledger.underrun_events]
+    events.sort(key=lambda pair: -pair[0].seconds)
     return {
         "count": sum(n for n, _ in per),
         "total_ms": round(sum(ms for _, ms in per), 1),
         "sessions_with": sum(n > 0 for n, _ in per),
         "worst_session_ms": round(max((ms for _, ms in per), default=0.0), 1),
         "per_session": [{"count": n, "ms": round(ms, 1)} for n, ms in per],
+        "events": [
+            {
+                "session": i,
+                "ms": round(1000 * e.seconds, 1),
+                "at_s": round(e.ended_at - origin, 3),
+                "after_first_audio_ms": round(1000 * e.after_first_audio, 1),
+                "utterance": e.utterance,
+                "seq": e.seq,
+            }
+            for e, i in sorted(events[:MAX_UNDERRUN_EVENTS], key=lambda pair: pair[0].ended_at)
+        ],
     }
 
 
