@@ -13,7 +13,10 @@
 #   carry [".gpu-agentN"]:      sh bench/gpu_agent.sh basic      (joins and installs the parts, builds
 #                               the checkpoint, starts the server, warm-up call, the basic bench)
 #   no carry:                   sh bench/gpu_agent.sh multi      (the multi-sentence set, ~6 min)
-#   no carry:                   sh bench/gpu_agent.sh followup   (a question, then more after a pause: 8, ~2 min)
+#   no carry:                   sh bench/gpu_agent.sh followup   (a question, then more after a pause: 8, ~2 min;
+#                               a bundle made before 9c696e8 lacks its recordings: here `voxgate bench agent
+#                               --record-questions .gpu-agent-questions` (9 MB), then carry [".gpu-agent-questions"]
+#                               and QDIR=.gpu-agent-questions)
 # Each bench mode leaves $RES/agent-<mode>-<NAME>.tgz (JSON, tables, the server log, the call traces).
 # Environment: RES (default $OUT), CARRY (/tmp/carry), NAME (results label, default "default"),
 # EXTRA (more server settings, KEY=VALUE without VOXGATE_, e.g. "AGENT_MIN_GAP_MS=400": a server
@@ -169,9 +172,9 @@ case $MODE in
         stash; unpack || exit 1; server || { results multi; exit 1; }
         bench multi --questions multi --limit "${LIMIT:-0}"
         results multi ;;
-    followup)  # needs a bundle recorded with the follow-up set (after 87456ba)
+    followup)
         stash; unpack || exit 1; server || { results followup; exit 1; }
-        bench followup --questions followup
+        bench followup --questions followup --questions-dir "${QDIR:-$AGENT/questions}"
         results followup ;;
     stop) [ -f "$RUN/server.pid" ] && kill "$(cat "$RUN/server.pid")"; rm -f "$RUN/server.pid" ;;
     *) echo "unknown mode $MODE: stash|basic|multi|followup|stop"; exit 2 ;;
