@@ -190,6 +190,11 @@ class Settings(BaseSettings):
         description="Voice agent: whisper's CTranslate2 compute type; auto = int8 on the CPU, float16 on CUDA.",
     )
     agent_whisper_threads: int = Field(2, ge=1, le=64, description="Voice agent: CPU threads whisper decodes with.")
+    agent_whisper_fallback: bool = Field(
+        False,
+        description="Voice agent: retry a doubtful whisper decode at higher temperatures (up to 6 decodes; "
+        "off: one greedy decode, a bounded STT time).",
+    )
     agent_stt_streaming: bool = Field(
         False, description="Voice agent: transcribe while the user speaks (whisper only), the tail after the turn."
     )

@@ -151,6 +151,30 @@ def test_whisper_transcribes_the_turn_the_vad_cut(call, whisper):
     assert 0 < heard.took_s <= wall_s
 
 
+def test_whisper_decodes_once_unless_the_fallback_is_asked_for(call, monkeypatch):
+    """One greedy decode by default (a short part of a turn can trip whisper's temperature
+    fallback: up to six decodes); the ladder only with `fallback`."""
+    for fallback, ladder in ((False, [0.0]), (True, [0.0, 0.2, 0.4, 0.6, 0.8, 1.0])):
+        stt = WhisperTranscriber(WhisperConfig(cpu_threads=1, fallback=fallback))
+        real, seen = stt._model.transcribe, []
+
+        def spy(audio, real=real, seen=seen, **kwargs):
+            seen.append(kwargs["temperature"])
+            return real(audio, **kwargs)
+
+        monkeypatch.setattr(stt._model, "transcribe", spy)
+        assert stt.transcribe(call.audio, RATE).text  # the real model still decodes the call's speech
+        assert seen == [ladder]
+
+
+def test_the_agent_setting_reaches_whisper(monkeypatch):
+    from voxgate.config import Settings
+
+    assert Settings().agent_whisper_fallback is False
+    monkeypatch.setenv("VOXGATE_AGENT_WHISPER_FALLBACK", "true")
+    assert Settings().agent_whisper_fallback is True
+
+
 def test_english_model_refuses_other_languages(whisper):
     with pytest.raises(UnsupportedLanguage):
         whisper.transcribe(np.zeros(RATE, np.float32), RATE, language="zh")

@@ -43,7 +43,8 @@ class AgentService:
                 else:
                     whisper = WhisperTranscriber(WhisperConfig(
                         model=s.agent_whisper_model, device=s.agent_whisper_device,
-                        compute_type=s.agent_whisper_compute_type, cpu_threads=s.agent_whisper_threads))  # fmt: skip
+                        compute_type=s.agent_whisper_compute_type, cpu_threads=s.agent_whisper_threads,
+                        fallback=s.agent_whisper_fallback))  # fmt: skip
                     whisper.warmup()
                     self._transcriber = whisper
             return self._transcriber

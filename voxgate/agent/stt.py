@@ -130,6 +130,7 @@ def to_stt_audio(pcm: np.ndarray, sample_rate: int) -> np.ndarray:
 
 Device = Literal["cpu", "cuda", "auto"]
 AUTO_COMPUTE = {"cpu": "int8", "cuda": "float16"}  # compute_type "auto", by the device it runs on
+FALLBACK_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # faster-whisper's default ladder (`fallback`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +147,13 @@ class WhisperConfig:
     compute_type: str = "auto"
     cpu_threads: int = 2
     beam_size: int = 1
+    # Decode once, greedy (whisper's long-form fallback, off by default, retries a decode whose
+    # log-probability or compression ratio looks doubtful at temperatures 0.2 ... 1.0, up to six
+    # decodes). A live turn is transcribed in parts (at a pause, then the rest), and short parts
+    # trip it: on the 44-question set's 85 parts (tiny.en, int8, 2 threads) 4 fell back, to 0.65-2.1 s
+    # against ~0.37 s p50, and three of those four came out as noise ("Done.", "Um", "Let's go to the
+    # nymph."); on an H100 machine two such parts were the EoT -> first audio p95 tail (1.2-1.6 s).
+    fallback: bool = False
     cache_dir: Path | None = None
     device: Device = "cpu"
 
@@ -230,6 +238,7 @@ class WhisperTranscriber:
         return self._model.transcribe(
             audio, language=language, beam_size=self.config.beam_size, condition_on_previous_text=False,
             word_timestamps=word_timestamps, initial_prompt=prompt or None,
+            temperature=list(FALLBACK_TEMPERATURES if self.config.fallback else (0.0,)),
         )  # fmt: skip
 
     def warmup(self) -> None:
