@@ -132,6 +132,11 @@ class Resampler:
             None if in_rate == out_rate else soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality="HQ")
         )
 
+    @property
+    def passthrough(self) -> bool:
+        """The rates match: samples go through untouched."""
+        return self._stream is None
+
     def process(self, samples: np.ndarray, last: bool = False) -> np.ndarray:
         """Resample the next chunk; `last=True` also drains the filter."""
         x = np.ascontiguousarray(samples, dtype=np.float32)
@@ -170,8 +175,13 @@ class StreamEncoder:
     def media_type(self) -> str:
         return {"pcm": "audio/pcm", "wav": "audio/wav", "mulaw": "audio/basic"}[self.fmt]
 
-    def encode(self, samples: np.ndarray) -> bytes:
-        """Wire bytes for the next chunk of float samples at the input rate."""
+    def encode(self, samples: np.ndarray, pcm16: np.ndarray | None = None) -> bytes:
+        """Wire bytes for the next chunk of float samples at the input rate. `pcm16`: the same
+        samples as 16-bit PCM, when the engine made them: PCM and WAV at the engine's rate send
+        them as they are (the same bytes, no conversion here)."""
+        if pcm16 is not None and self.fmt != "mulaw" and self._resampler.passthrough:
+            self.samples_out += len(pcm16)
+            return self._framed(pcm16.astype("<i2", copy=False).tobytes(), final=False)
         return self._emit(self._resampler.process(samples))
 
     def flush(self) -> bytes:
@@ -187,6 +197,10 @@ class StreamEncoder:
             data = mulaw_encode(to_pcm16(out)).tobytes()
         else:
             data = pcm16_bytes(out)
+        return self._framed(data, final)
+
+    def _framed(self, data: bytes, final: bool) -> bytes:
+        """`data` with the WAV header before the first audio (or the end, when there was none)."""
         if self._header_pending and (data or final):
             self._header_pending = False
             data = wav_header(self.out_rate) + data

@@ -76,11 +76,13 @@ class CompressedEncoder:
     def media_type(self) -> str:
         return MEDIA_TYPES[self.fmt]
 
-    def encode(self, samples: np.ndarray) -> bytes:
-        """The bytes the muxer has for this chunk (possibly none while a frame fills up)."""
+    def encode(self, samples: np.ndarray, pcm16: np.ndarray | None = None) -> bytes:
+        """The bytes the muxer has for this chunk (possibly none while a frame fills up);
+        `pcm16`: the same samples as 16-bit PCM, used as they are where no resampling is needed."""
         out = self._resampler.process(samples)
         self.samples_out += len(out)
-        self._pending = np.concatenate([self._pending, to_pcm16(out)])
+        made = pcm16 if pcm16 is not None and self._resampler.passthrough else to_pcm16(out)
+        self._pending = np.concatenate([self._pending, made])
         whole = len(self._pending) - len(self._pending) % self._frame
         for start in range(0, whole, self._frame):
             self._encode(self._pending[start : start + self._frame])

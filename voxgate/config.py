@@ -335,6 +335,12 @@ class Settings(BaseSettings):
         description="qwen3 (batched): a stream played in real time with more audio than this ahead of its "
         "listener is held while others need frames (the deadline rule); 0 turns holding off.",
     )
+    qwen3_pcm16_step: bool = Field(
+        False,
+        description="qwen3 (batched): the runner also converts each step's audio to 16-bit PCM, once for every "
+        "stream, and PCM/WAV transports send it as it is (not converted per frame on the event loop). Off "
+        "until measured on a GPU (BENCHMARKS.md issue 17).",
+    )
 
     @field_validator(
         "api_keys", "admin_keys", "allowed_origins", "starter_phrases", "voice_aliases", "voice_map", mode="before"

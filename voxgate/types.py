@@ -58,6 +58,10 @@ class AudioChunk:
     unit_start: int | None = None
     unit_end: int | None = None
     t_ready: float = 0.0
+    # The same samples as 16-bit PCM, when the engine made them (the batched qwen3 runner: one
+    # conversion per step for every stream); encoders that need no resampling send these as
+    # they are instead of converting on the event loop. None: the encoder converts.
+    pcm16: np.ndarray | None = None
 
     @property
     def duration_s(self) -> float:

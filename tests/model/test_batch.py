@@ -227,7 +227,9 @@ def _frames(job):
     frames = []
     while (item := job.frames.get(timeout=120)) is not END:
         assert not isinstance(item, BaseException), item
-        frames.append(item)
+        pcm, pcm16 = item
+        assert pcm16 is None  # the runner makes 16-bit PCM only when asked (`pcm16_step`)
+        frames.append(pcm)
     return np.concatenate(frames)
 
 
@@ -439,3 +441,30 @@ def test_failures_reach_the_reader_typed_and_the_runner_recovers_or_says_it_stop
             list(engine.stream(request, CancelToken()))
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("packet_frames", [1, 3])
+def test_the_runner_hands_out_16_bit_pcm_once_per_step_when_asked(ours, packet_frames):
+    """`pcm16_step`: every chunk carries its samples as 16-bit PCM, exactly `to_pcm16` of its
+    float samples (converted once per step for every row); off, chunks carry none."""
+    from voxgate.audio import to_pcm16
+    from voxgate.speech.stream import join_chunks
+
+    params = SamplingParams.greedy(max_new_tokens=8, min_new_tokens=8)
+    request = SynthesisRequest(text="Sixteen bits.", voice="vivian", language="en")
+    on = Qwen3Engine(ours["cv06"], packet_frames, sampling=params, batched=True, kv_capacity=256, pcm16_step=True)
+    off = Qwen3Engine(ours["cv06"], packet_frames, sampling=params, batched=True, kv_capacity=256)
+    try:
+        chunks = list(on.stream(request, CancelToken()))
+        plain = list(off.stream(request, CancelToken()))
+        assert len(chunks) == len(plain) >= 2 and all(c.pcm16 is None for c in plain)
+        for chunk, other in zip(chunks, plain, strict=True):
+            assert chunk.pcm16 is not None and chunk.pcm16.dtype == np.int16
+            assert np.array_equal(chunk.pcm16, to_pcm16(chunk.samples))
+            np.testing.assert_allclose(chunk.samples, other.samples, atol=1e-5)
+        joined = join_chunks(chunks)
+        assert np.array_equal(joined.pcm16, to_pcm16(joined.samples))
+        assert join_chunks([chunks[0], plain[1]]).pcm16 is None  # not every part has it: none
+    finally:
+        on.close()
+        off.close()

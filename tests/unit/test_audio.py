@@ -15,6 +15,7 @@ from voxgate.audio import (
     pcm16_to_float,
     resample,
     split_bytes,
+    to_pcm16,
     wav_bytes,
     wav_header,
 )
@@ -182,3 +183,18 @@ def test_decode_wav_refuses_what_it_cannot_read():
         w.writeframes(bytes(100))
     with pytest.raises(UnsupportedFormat, match="16-bit"):
         decode_wav(eight_bit.getvalue())
+
+
+@pytest.mark.parametrize(("fmt", "out_rate"), [("pcm", 24000), ("wav", 24000), ("pcm", 16000), ("mulaw", 8000)])
+def test_pcm16_given_by_the_engine_makes_the_same_bytes(fmt, out_rate):
+    """An engine's own 16-bit PCM (the batched qwen3 runner's) is sent as it is where no
+    resampling is needed, and ignored where it is: the wire bytes are the same either way."""
+    rng = np.random.default_rng(0)
+    chunks = [np.clip(rng.normal(0, 0.4, n), -1.2, 1.2).astype(np.float32) for n in (1920, 1920, 960, 0)]
+    plain, given = StreamEncoder(fmt, 24000, out_rate), StreamEncoder(fmt, 24000, out_rate)
+    a = b"".join(plain.encode(c) for c in chunks) + plain.flush()
+    b = b"".join(given.encode(c, to_pcm16(c)) for c in chunks) + given.flush()
+    assert a == b and plain.samples_out == given.samples_out
+    if fmt == "pcm" and out_rate == 24000:  # and they were used: other numbers give other bytes
+        wrong = StreamEncoder(fmt, 24000, out_rate)
+        assert wrong.encode(chunks[0], np.zeros(1920, dtype=np.int16)) == bytes(2 * 1920)

@@ -151,11 +151,11 @@ def _stretched(chunks: Iterator[AudioChunk], tempo: TempoStretch) -> Iterator[Au
         out = tempo.process(chunk.samples)
         held = chunk.unit_start if held is None else held
         if len(out):
-            yield replace(chunk, samples=out, seq=seq, unit_start=held)
+            yield replace(chunk, samples=out, seq=seq, unit_start=held, pcm16=None)
             seq, held = seq + 1, None
     tail = tempo.flush()
     if last is not None and len(tail):
-        yield replace(last, samples=tail, seq=seq, unit_start=held if held is not None else last.unit_end)
+        yield replace(last, samples=tail, seq=seq, unit_start=held if held is not None else last.unit_end, pcm16=None)
 
 
 def _piece_by_piece(

@@ -147,7 +147,7 @@ async def _audio_pieces(
             timing.audio_s = wire.audio_s
         chunk = first if first is not None or stream is None else await stream.next()
         while chunk is not None:
-            for part in wire.pieces(chunk.samples):
+            for part in wire.pieces(chunk.samples, chunk.pcm16):
                 yield part
             timing.audio_s = wire.audio_s
             chunk = await stream.next() if stream is not None else None

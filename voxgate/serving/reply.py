@@ -142,7 +142,7 @@ class Reply:
                     self.spans.append([segment.text, 0.0])
                     yield SegmentStarted(segment.index, segment.text, segment.kind, segment.trigger,
                                          segment.index in self._cached)  # fmt: skip
-                for part in wire.pieces(chunk.samples):
+                for part in wire.pieces(chunk.samples, chunk.pcm16):
                     if self.options.pacing:
                         await self._pace()
                     if self.pipeline.cancelled:

@@ -535,7 +535,7 @@ class Gateway:
             stamps: tuple[float, ...] | None = None  # the clocks on the way to the segment's first audio
             logged = 0  # samples of audio logged: a compressed piece may hold samples given before it
             while s.current(segment) and (chunk := await stream.next()) is not None:
-                data = encoder.encode(chunk.samples)
+                data = encoder.encode(chunk.samples, chunk.pcm16)
                 if not data:
                     continue
                 if stamps is None:

@@ -29,8 +29,9 @@ class WirePieces:
         """Audio encoded so far, in seconds."""
         return self.encoder.samples_out / self.encoder.out_rate
 
-    def pieces(self, samples: np.ndarray) -> list[bytes]:
-        return split_bytes(self.encoder.encode(samples), self.size)
+    def pieces(self, samples: np.ndarray, pcm16: np.ndarray | None = None) -> list[bytes]:
+        """`samples` encoded and cut; `pcm16`: the same as 16-bit PCM when the engine made them."""
+        return split_bytes(self.encoder.encode(samples, pcm16), self.size)
 
     def flush(self) -> bytes:
         return self.encoder.flush()

@@ -41,6 +41,7 @@ def join_chunks(parts: list[AudioChunk]) -> AudioChunk:
         return parts[0]
     starts = [p.unit_start for p in parts if p.unit_start is not None]
     ends = [p.unit_end for p in parts if p.unit_end is not None]
+    pcm16 = [p.pcm16 for p in parts if p.pcm16 is not None]
     return AudioChunk(
         np.concatenate([p.samples for p in parts]),
         parts[0].sample_rate,
@@ -48,6 +49,7 @@ def join_chunks(parts: list[AudioChunk]) -> AudioChunk:
         starts[0] if starts else None,
         ends[-1] if ends else None,
         parts[-1].t_ready,
+        np.concatenate(pcm16) if len(pcm16) == len(parts) else None,
     )
 
 

@@ -83,6 +83,7 @@ class Qwen3Engine(Engine):
         prompt_thread: bool = False,
         lead_ms: float = 1500.0,
         text_table: bool | None = None,
+        pcm16_step: bool = False,
     ):
         if packet_frames < 1:
             raise ValueError("packet_frames must be >= 1")
@@ -108,7 +109,8 @@ class Qwen3Engine(Engine):
             )
             scheduler = Scheduler(max_streams, max_waiting, max_prefills_per_step=max_streams, buckets=decoder.buckets)
             frame_s = checkpoint.codec.config.samples_per_frame / SAMPLE_RATE
-            self.runner = Runner(decoder, scheduler, frame_s, lead_ms / 1000 if lead_ms > 0 else math.inf)
+            lead_s = lead_ms / 1000 if lead_ms > 0 else math.inf
+            self.runner = Runner(decoder, scheduler, frame_s, lead_s, pcm16=pcm16_step)
         self.eager_reason = (
             None
             if self.runner is not None and self.runner.decoder.stats.captured
@@ -294,8 +296,9 @@ class Qwen3Engine(Engine):
         context: DecoderState | None = None,
         play_at: float | None = None,
         listener: ListenerClock | None = None,
-    ) -> Iterator[np.ndarray]:
-        """PCM as it is made: per frame from the runner, or per packet eagerly, one stream at a time."""
+    ) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """PCM as it is made: per frame from the runner, or per packet eagerly, one stream at a
+        time; each with its 16-bit PCM where the runner made it (`pcm16_step`), else None."""
         self._streams_served += 1
         if self.runner is None:
             with self._lock:
@@ -304,10 +307,13 @@ class Qwen3Engine(Engine):
                 for frame in generate_codes(self.ck.talker, prompt, params, cancel, limit):
                     packet.append(frame)
                     if len(packet) == self.packet_frames:
-                        yield self.ck.codec.decode(torch.stack(packet, dim=1)[None], state)[0].float().cpu().numpy()
+                        yield (
+                            self.ck.codec.decode(torch.stack(packet, dim=1)[None], state)[0].float().cpu().numpy(),
+                            None,
+                        )
                         packet = []
                 if packet and not cancel.cancelled:
-                    yield self.ck.codec.decode(torch.stack(packet, dim=1)[None], state)[0].float().cpu().numpy()
+                    yield self.ck.codec.decode(torch.stack(packet, dim=1)[None], state)[0].float().cpu().numpy(), None
             return
         seed = params.seed if params.seed is not None else secrets.randbits(31)
         job = Job(f"s{next(self._ids)}", prompt, params, seed, limit, cancel, priority, context, play_at, listener)
@@ -328,27 +334,40 @@ class Qwen3Engine(Engine):
         finally:
             job.closed = True  # the runner frees the row at its next step
 
-    def _chunks(self, pieces: Iterator[np.ndarray], cancel: CancelToken) -> Iterator[AudioChunk]:
+    def _chunks(
+        self, pieces: Iterator[tuple[np.ndarray, np.ndarray | None]], cancel: CancelToken
+    ) -> Iterator[AudioChunk]:
         """One chunk per `packet_frames` frames of PCM (the last one may be shorter)."""
         size = self.packet_frames * self.ck.codec.config.samples_per_frame
-        held: list[np.ndarray] = []
+        held: list[tuple[np.ndarray, np.ndarray | None]] = []
         samples, seq = 0, 0
-        for pcm in pieces:
-            held.append(pcm)
-            samples += len(pcm)
+        for frame in pieces:
+            held.append(frame)
+            samples += len(frame[0])
             if samples >= size:
-                yield AudioChunk(np.concatenate(held), SAMPLE_RATE, seq, t_ready=time.perf_counter())
+                yield _chunk(held, seq)
                 held, samples, seq = [], 0, seq + 1
             if cancel.cancelled:
                 return
         if held:
-            yield AudioChunk(np.concatenate(held), SAMPLE_RATE, seq, t_ready=time.perf_counter())
+            yield _chunk(held, seq)
 
     def close(self) -> None:
         if self._prompt_thread is not None:
             self._prompt_thread.close()
         if self.runner is not None:
             self.runner.close()
+
+
+def _chunk(frames: list[tuple[np.ndarray, np.ndarray | None]], seq: int) -> AudioChunk:
+    """Consecutive frames as one chunk; their 16-bit PCM too when every frame has it."""
+    if len(frames) == 1:
+        pcm, pcm16 = frames[0]
+    else:
+        pcm = np.concatenate([f for f, _ in frames])
+        parts = [p for _, p in frames if p is not None]
+        pcm16 = np.concatenate(parts) if len(parts) == len(frames) else None
+    return AudioChunk(pcm, SAMPLE_RATE, seq, t_ready=time.perf_counter(), pcm16=pcm16)
 
 
 def create(settings: Settings) -> Qwen3Engine:
@@ -372,4 +391,5 @@ def create(settings: Settings) -> Qwen3Engine:
         kv_capacity=settings.qwen3_kv_capacity,
         prompt_thread=settings.qwen3_prompt_thread,
         lead_ms=settings.qwen3_lead_ms,
+        pcm16_step=settings.qwen3_pcm16_step,
     )

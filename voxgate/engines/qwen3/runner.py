@@ -3,7 +3,10 @@ every running stream together, and hands each stream its frames through its own 
 
 Callers (`Qwen3Engine.stream`, one per request, on their own threads) `submit` a `Job` and
 read PCM frames from `job.frames` until `END`; cancelling the job's token frees its row at
-the next step. One failing prefill fails that job alone.
+the next step. One failing prefill fails that job alone. A frame is `(pcm, pcm16)`: the float
+samples, and with `pcm16` on the same as 16-bit PCM, converted once per step for every row
+(else None: the transport converts, a few numpy calls a frame on the event loop, each of which
+gives the GIL up and waits to get it back while 64 engine threads want it).
 
 Deadlines: a job played in real time carries `play_at`, when its listener needs its first
 audio (now for a new utterance; when the audio before it runs out for a later segment of the
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from voxgate.audio import to_pcm16
 from voxgate.engines.qwen3.batch import Admission, BatchDecoder, PendingStep
 from voxgate.engines.qwen3.codec import DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
@@ -54,7 +58,9 @@ class Job:
     context: DecoderState | None = None
     play_at: float | None = None  # perf_counter time its listener needs its first audio; None: not real time
     listener: ListenerClock | None = None  # the listener's playback clock (how much audio it has in hand)
-    frames: queue.Queue[np.ndarray | BaseException | None] = field(default_factory=queue.Queue)
+    frames: queue.Queue[tuple[np.ndarray, np.ndarray | None] | BaseException | None] = field(
+        default_factory=queue.Queue
+    )
     submitted_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None  # when its prefill ran
     first_frame_at: float | None = None  # when its first frame was handed out
@@ -86,10 +92,16 @@ DEFAULT_LEAD_S = 1.5  # a real-time stream with more audio than this ahead of it
 
 class Runner:
     def __init__(
-        self, decoder: BatchDecoder, scheduler: Scheduler, frame_s: float = 0.08, lead_s: float = DEFAULT_LEAD_S
+        self,
+        decoder: BatchDecoder,
+        scheduler: Scheduler,
+        frame_s: float = 0.08,
+        lead_s: float = DEFAULT_LEAD_S,
+        pcm16: bool = False,
     ) -> None:
         self.decoder, self.scheduler = decoder, scheduler
         self.frame_s, self.lead_s = frame_s, lead_s  # lead_s = inf: never hold
+        self.pcm16 = pcm16  # each step's audio also as 16-bit PCM, converted once for every row
         self.stats = RunnerStats()
         self.costs = StepCosts(dict(decoder.stats.step_s))  # what a step takes per bucket (step_cost.py)
         self._jobs: dict[str, Job] = {}
@@ -211,9 +223,12 @@ class Runner:
             return
         self.stats.steps += 1
         self.stats.rows_stepped += len(running)
+        pcm16 = to_pcm16(result.pcm) if self.pcm16 else None  # one conversion for every row
         for job in running:
             if not job.ended:
-                self._deliver(job, result.codes[job.row], result.pcm[job.row])
+                self._deliver(
+                    job, result.codes[job.row], result.pcm[job.row], None if pcm16 is None else pcm16[job.row]
+                )
 
     def _prefill(self, admitted: list[tuple[Job, int]]) -> None:
         """All streams admitted this step, prefilled together."""
@@ -233,7 +248,7 @@ class Runner:
         for job, row in admitted:
             job.row = row
 
-    def _deliver(self, job: Job, codes: np.ndarray, pcm: np.ndarray) -> None:
+    def _deliver(self, job: Job, codes: np.ndarray, pcm: np.ndarray, pcm16: np.ndarray | None = None) -> None:
         draw = job.draws
         job.draws += 1
         if job.stopped:
@@ -243,7 +258,7 @@ class Runner:
         else:
             if job.first_frame_at is None:
                 job.first_frame_at = time.perf_counter()
-            job.frames.put(pcm)
+            job.frames.put((pcm, pcm16))
 
     def _drop_cancelled(self) -> None:
         for job in [j for j in self._jobs.values() if j.stopped]:
