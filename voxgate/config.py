@@ -335,6 +335,11 @@ class Settings(BaseSettings):
         description="qwen3 (batched): a stream played in real time with more audio than this ahead of its "
         "listener is held while others need frames (the deadline rule); 0 turns holding off.",
     )
+    engine_polled: bool = Field(
+        False,
+        description="Engines that can (batched qwen3) hand each stream's frames to the event loop as they are "
+        "made, with no worker thread per stream. Off until measured on a GPU (BENCHMARKS.md issue 17).",
+    )
     qwen3_pcm16_step: bool = Field(
         False,
         description="qwen3 (batched): the runner also converts each step's audio to 16-bit PCM, once for every "

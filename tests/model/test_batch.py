@@ -468,3 +468,60 @@ def test_the_runner_hands_out_16_bit_pcm_once_per_step_when_asked(ours, packet_f
     finally:
         on.close()
         off.close()
+
+
+def _polled_run(engine, text, polled, cancel_after=0, voice="vivian"):
+    """One stream through `EngineStream` on a pool with `polled` (its own event loop)."""
+    import asyncio
+
+    from voxgate.speech.stream import EngineStream
+    from voxgate.speech.workers import EnginePool
+
+    async def main():
+        pool = EnginePool(8)
+        pool.polled = polled
+        stream = EngineStream(engine, SynthesisRequest(text=text, voice=voice, language="en"), pool)
+        out = []
+        try:
+            while (chunk := await stream.next()) is not None:
+                out.append(chunk.samples)
+                if cancel_after and len(out) == cancel_after:
+                    break
+        finally:
+            stream.cancel("done")
+        return out, stream._source is not None, stream.exhausted
+
+    return asyncio.run(main())
+
+
+def test_polled_streams_sound_as_threaded_ones_and_give_their_rows_back(ours):
+    """`EnginePool.polled`: the runner wakes the reader's loop instead of a thread per stream;
+    the audio is the same, streams that run together still sound as alone, a stream left
+    after two chunks frees its row, and a refusal reaches the reader typed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from voxgate.types import UnknownVoice
+
+    engine = _engine(ours, max_streams=4)
+    try:
+        threaded, via_source, _ = _polled_run(engine, TEXTS[0], polled=False)
+        assert not via_source
+        polled, via_source, exhausted = _polled_run(engine, TEXTS[0], polled=True)
+        assert via_source and exhausted and len(polled) == len(threaded) == 39
+        np.testing.assert_allclose(np.concatenate(polled), np.concatenate(threaded), atol=1e-5)
+        alone = {t: np.concatenate(_polled_run(engine, t, polled=False)[0]) for t in TEXTS}
+        with ThreadPoolExecutor(len(TEXTS)) as pool:  # three loops, one runner: batched together
+            runs = pool.map(lambda t: _polled_run(engine, t, polled=True)[0], TEXTS)
+            together = dict(zip(TEXTS, runs, strict=True))
+        for text in TEXTS:
+            np.testing.assert_allclose(np.concatenate(together[text]), alone[text], atol=1e-5)
+        cut, _, exhausted = _polled_run(engine, TEXTS[1], polled=True, cancel_after=2)
+        assert len(cut) == 2 and not exhausted
+        deadline = time.monotonic() + 60  # the runner frees a closed job's row at its next step
+        while engine.runner.load() != (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.runner.load() == (0, 0)
+        with pytest.raises(UnknownVoice):
+            _polled_run(engine, TEXTS[0], polled=True, voice="nobody")
+    finally:
+        engine.close()

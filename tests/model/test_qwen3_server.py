@@ -106,3 +106,20 @@ def test_engine_counters_reach_metrics(qwen3_server):
         if line.startswith('voxgate_engine_eager_fallbacks_total{name="no_graphs_cpu"}')
     ]
     assert served and float(served[0].split()[-1]) >= 1  # on the CPU every stream runs eagerly, and says so
+
+
+def test_the_polled_runner_path_and_its_16_bit_pcm_serve_the_same_bytes(tiny_dirs):
+    """`VOXGATE_ENGINE_POLLED` (frames handed to the event loop, no thread per stream) and
+    `VOXGATE_QWEN3_PCM16_STEP` (16-bit PCM made once per step) change how audio travels, not
+    what it is: the batched server's seeded streams are byte for byte the same in every format."""
+    base = {"QWEN3_MODEL_DIR": str(tiny_dirs["cv06"]), "STARTER_CACHE": "false", "QWEN3_BATCHED": "true",
+            "QWEN3_KV_CAPACITY": "256", "QWEN3_MAX_STREAMS": "4"}  # fmt: skip
+    body = {"text": "Frames to the loop.", "voice": "vivian", "language": "en", "seed": 5}
+    got = {}
+    for name, extra in (("threads", {}), ("polled", {"ENGINE_POLLED": "true", "QWEN3_PCM16_STEP": "true"})):
+        with ServerProcess("qwen3", env={**base, **extra}) as server:
+            replies = [httpx.post(f"{server.url}/tts/stream", json={**body, "format": fmt}, timeout=120)
+                       for fmt in ("pcm", "wav", "mulaw")]  # fmt: skip
+            assert all(r.status_code == 200 and r.content for r in replies), [r.text[:200] for r in replies]
+            got[name] = [r.content for r in replies]
+    assert got["polled"] == got["threads"]

@@ -106,3 +106,21 @@ def test_lazy_stream_does_no_work_until_started_and_closes_if_never_started():
 
     idle, closed = _run(main())
     assert closed.wait(10) and idle.produced == 0  # the close runs on the pool's thread: wait for it
+
+
+def test_a_polled_pool_reads_an_engine_without_a_polled_path_on_threads():
+    """`EnginePool.polled` only changes engines that offer `open_polled`: this one is read as
+    before, every chunk in order, and closed when done."""
+
+    async def main(polled: bool):
+        engine, pool = CountingEngine(5), EnginePool(2)
+        pool.polled = polled
+        stream = EngineStream(engine, REQUEST, pool)
+        seqs = []
+        while (chunk := await stream.next()) is not None:
+            seqs.append(chunk.seq)
+        stream.cancel("done")
+        assert await asyncio.to_thread(engine.closed.wait, 10)
+        return seqs, stream.generated, stream.exhausted
+
+    assert _run(main(True)) == _run(main(False)) == ([0, 1, 2, 3, 4], 5, True)

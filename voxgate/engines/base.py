@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -77,9 +77,30 @@ class Engine(Protocol):
         """Yield audio chunk by chunk; return early once `cancel.cancelled` is set."""
         ...
 
+    def open_polled(
+        self, request: SynthesisRequest, cancel: CancelToken, wake: Callable[[], None]
+    ) -> PolledStream | None:
+        """The same stream for a reader that polls instead of iterating on a thread (an engine
+        that computes elsewhere, e.g. a batched GPU runner): starts it and returns its source,
+        calling `wake` from any thread whenever there is something to poll; None when this
+        engine has no such path (the default: the caller iterates `stream`)."""
+        return None
+
     def close(self) -> None:
         """Free resources; the engine is not used afterwards."""
         ...
+
+
+class PolledStream(Protocol):
+    """What `Engine.open_polled` returns: `poll()` gives the chunks ready now (never blocks;
+    raises the engine's failure), `ended` once the last was given, `close()` when the reader
+    stops."""
+
+    ended: bool
+
+    def poll(self) -> list[AudioChunk]: ...
+
+    def close(self) -> None: ...
 
 
 @runtime_checkable

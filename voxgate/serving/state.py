@@ -95,6 +95,7 @@ class ServerState:
         self.executor = ThreadPoolExecutor(s.max_streams + 4, thread_name_prefix="voxgate-worker")
         self.engine_pool = EnginePool(s.max_streams + 4)  # sized for the engine once it is loaded
         self.engine_pool.max_piece_chars = s.max_piece_chars
+        self.engine_pool.polled = s.engine_polled
         self.timings = deque(maxlen=max(1, s.timings_kept))
         store = VoiceStore(s.data_dir) if s.data_dir is not None else None
         secret = store.secret() if store is not None else secrets.token_bytes(32)

@@ -48,6 +48,7 @@ class EnginePool(Executor):
         self.batch_s = 0.0  # audio one stream call may make in a go (`EngineStream`); 0 = one chunk a call
         self.hold_s = 0.0  # calls with slack wait while streams keep starting this often; 0 = never
         self.max_piece_chars = DEFAULT_MAX_PIECE_CHARS  # longest text one engine call gets (`EngineStream`)
+        self.polled = False  # streams of engines with `open_polled` are read without a thread each (`EngineStream`)
         self._last_opened = float("-inf")  # when a stream's first call last arrived
         self._longest_call = 0.0  # seconds, decaying by a tenth a call
         self._name = name

@@ -22,7 +22,7 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -215,6 +215,30 @@ class Qwen3Engine(Engine):
             pass
 
     def stream(self, request: SynthesisRequest, cancel: CancelToken) -> Iterator[AudioChunk]:
+        prompt, context, params, limit = self._prepare(request)
+        frames = self._frames(prompt, params, limit, request.priority, cancel, context, request.play_at,
+                              request.listener)  # fmt: skip
+        yield from self._chunks(frames, cancel)
+
+    def open_polled(
+        self, request: SynthesisRequest, cancel: CancelToken, wake: Callable[[], None]
+    ) -> PolledFrames | None:
+        """The stream without a thread reading it (`Engine.open_polled`): the request's job is
+        submitted to the runner now, and `wake` is called (on the runner's thread) whenever it
+        hands the job something; None without a runner (the eager path computes in the caller)."""
+        if self.runner is None:
+            return None
+        prompt, context, params, limit = self._prepare(request)
+        self._streams_served += 1
+        job = self._job(prompt, params, limit, request.priority, cancel, context, request.play_at, request.listener)
+        job.wake = wake
+        self.runner.submit(job)  # Busy when the queue is full
+        return PolledFrames(job, self.packet_frames * self.ck.codec.config.samples_per_frame)
+
+    def _prepare(
+        self, request: SynthesisRequest
+    ) -> tuple[Prompt | PromptPlan, DecoderState | None, SamplingParams, int]:
+        """A request's prompt, codec context, sampling and frame limit (refusals typed here)."""
         design = self.ck.config.model_type == "voice_design"
         if design and not request.instructions:
             raise InvalidRequest("a VoiceDesign model needs `instructions` describing the voice")
@@ -239,9 +263,21 @@ class Qwen3Engine(Engine):
             if room < limit:
                 log.info("frame limit %d cut to %d by the KV cache", limit, room)
                 limit = room
-        frames = self._frames(prompt, params, limit, request.priority, cancel, context, request.play_at,
-                              request.listener)  # fmt: skip
-        yield from self._chunks(frames, cancel)
+        return prompt, context, params, limit
+
+    def _job(
+        self,
+        prompt: Prompt | PromptPlan,
+        params: SamplingParams,
+        limit: int,
+        priority: int,
+        cancel: CancelToken,
+        context: DecoderState | None,
+        play_at: float | None,
+        listener: ListenerClock | None,
+    ) -> Job:
+        seed = params.seed if params.seed is not None else secrets.randbits(31)
+        return Job(f"s{next(self._ids)}", prompt, params, seed, limit, cancel, priority, context, play_at, listener)
 
     def _prompt(self, request: SynthesisRequest, design: bool) -> tuple[Prompt | PromptPlan, DecoderState | None]:
         """The talker prompt for a request, and the codec state to continue from (clones): a
@@ -315,8 +351,7 @@ class Qwen3Engine(Engine):
                 if packet and not cancel.cancelled:
                     yield self.ck.codec.decode(torch.stack(packet, dim=1)[None], state)[0].float().cpu().numpy(), None
             return
-        seed = params.seed if params.seed is not None else secrets.randbits(31)
-        job = Job(f"s{next(self._ids)}", prompt, params, seed, limit, cancel, priority, context, play_at, listener)
+        job = self._job(prompt, params, limit, priority, cancel, context, play_at, listener)
         self.runner.submit(job)  # Busy when the queue is full
         try:
             while True:
@@ -357,6 +392,56 @@ class Qwen3Engine(Engine):
             self._prompt_thread.close()
         if self.runner is not None:
             self.runner.close()
+
+
+class PolledFrames:
+    """A runner job's chunks for a reader that must not block (an event loop, woken by the
+    job's `wake`): `poll()` takes what the runner has handed out so far, as whole packets."""
+
+    def __init__(self, job: Job, packet_samples: int) -> None:
+        self.job, self.packet_samples = job, packet_samples
+        self._held: list[tuple[np.ndarray, np.ndarray | None]] = []
+        self._samples, self._seq = 0, 0
+        self._failure: BaseException | None = None
+        self.ended = False
+
+    def poll(self) -> list[AudioChunk]:
+        """The chunks ready now (`ended` once the job's last came); an engine failure raises,
+        after the chunks made before it were taken."""
+        if self._failure is not None:
+            self.ended = True
+            raise self._failure
+        out: list[AudioChunk] = []
+        while not self.ended:
+            try:
+                item = self.job.frames.get_nowait()
+            except queue.Empty:
+                break
+            if item is END:
+                self.ended = True
+                if self._held and not self.job.cancel.cancelled:
+                    out.append(self._take())
+                break
+            if isinstance(item, BaseException):
+                if out:  # the audio made so far first; the failure on the next poll
+                    self._failure = item
+                    break
+                self.ended = True
+                raise item
+            self._held.append(item)
+            self._samples += len(item[0])
+            if self._samples >= self.packet_samples:
+                out.append(self._take())
+        return out
+
+    def _take(self) -> AudioChunk:
+        chunk = _chunk(self._held, self._seq)
+        self._held, self._samples, self._seq = [], 0, self._seq + 1
+        return chunk
+
+    def close(self) -> None:
+        """The reader is done: the runner frees the row at its next step."""
+        self.job.closed = True
 
 
 def _chunk(frames: list[tuple[np.ndarray, np.ndarray | None]], seq: int) -> AudioChunk:

@@ -27,6 +27,7 @@ import math
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,6 +69,14 @@ class Job:
     draws: int = 0
     closed: bool = False  # set by the reader when it stops reading (client gone, generator closed)
     ended: bool = False  # set by the runner once the job has left it
+    # Called (on the runner's thread) after each thing put on `frames`, for a reader that polls
+    # instead of blocking on the queue (`PolledFrames`); it must not raise and must not block.
+    wake: Callable[[], None] | None = None
+
+    def put(self, item: tuple[np.ndarray, np.ndarray | None] | BaseException | None) -> None:
+        self.frames.put(item)
+        if self.wake is not None:
+            self.wake()
 
     @property
     def stopped(self) -> bool:
@@ -153,7 +162,7 @@ class Runner:
                 self._jobs.clear()
             for job in jobs:
                 job.ended = True
-                job.frames.put(EngineFailure(f"the engine's decode loop stopped: {exc}"))
+                job.put(EngineFailure(f"the engine's decode loop stopped: {exc}"))
 
     def _run(self) -> None:
         """Pipelined: step n+1 is launched before step n's frames are handed out, so the GPU
@@ -167,7 +176,7 @@ class Runner:
                     self._lock.wait()
                 if self._closed:
                     for job in self._jobs.values():
-                        job.frames.put(EngineFailure("the engine is shutting down"))
+                        job.put(EngineFailure("the engine is shutting down"))
                     return
                 plan = self.scheduler.plan(self._ahead(time.perf_counter()), self.lead_s)
             started = time.perf_counter()
@@ -258,7 +267,7 @@ class Runner:
         else:
             if job.first_frame_at is None:
                 job.first_frame_at = time.perf_counter()
-            job.frames.put((pcm, pcm16))
+            job.put((pcm, pcm16))
 
     def _drop_cancelled(self) -> None:
         for job in [j for j in self._jobs.values() if j.stopped]:
@@ -283,4 +292,4 @@ class Runner:
                     self.decoder.release(job.row)  # may raise if the GPU is broken: the reader still hears
         finally:
             if mine:
-                job.frames.put(last)
+                job.put(last)
