@@ -47,7 +47,6 @@ from voxgate.types import (
     CancelToken,
     EngineFailure,
     InvalidRequest,
-    ListenerClock,
     NotSupported,
     SynthesisRequest,
     TextTooLong,
@@ -211,13 +210,12 @@ class Qwen3Engine(Engine):
             prompt = self.prompts.build("Warm up.", instruct="A clear voice.")
         else:
             prompt = self.prompts.build("Warm up.", speaker=self._voices[0].id)
-        for _ in self._frames(prompt, self.sampling, 5, 0, CancelToken()):
+        for _ in self._frames(prompt, self.sampling, 5, CancelToken()):
             pass
 
     def stream(self, request: SynthesisRequest, cancel: CancelToken) -> Iterator[AudioChunk]:
         prompt, context, params, limit = self._prepare(request)
-        frames = self._frames(prompt, params, limit, request.priority, cancel, context, request.play_at,
-                              request.listener)  # fmt: skip
+        frames = self._frames(prompt, params, limit, cancel, request, context)
         yield from self._chunks(frames, cancel)
 
     def open_polled(
@@ -230,7 +228,7 @@ class Qwen3Engine(Engine):
             return None
         prompt, context, params, limit = self._prepare(request)
         self._streams_served += 1
-        job = self._job(prompt, params, limit, request.priority, cancel, context, request.play_at, request.listener)
+        job = self._job(prompt, params, limit, cancel, request, context)
         job.wake = wake
         self.runner.submit(job)  # Busy when the queue is full
         return PolledFrames(job, self.packet_frames * self.ck.codec.config.samples_per_frame)
@@ -270,14 +268,16 @@ class Qwen3Engine(Engine):
         prompt: Prompt | PromptPlan,
         params: SamplingParams,
         limit: int,
-        priority: int,
         cancel: CancelToken,
+        request: SynthesisRequest | None,
         context: DecoderState | None,
-        play_at: float | None,
-        listener: ListenerClock | None,
     ) -> Job:
+        """The runner's job for a stream; its priority and listener from `request` (none: warm-up)."""
         seed = params.seed if params.seed is not None else secrets.randbits(31)
-        return Job(f"s{next(self._ids)}", prompt, params, seed, limit, cancel, priority, context, play_at, listener)
+        if request is None:
+            return Job(f"s{next(self._ids)}", prompt, params, seed, limit, cancel, context=context)
+        return Job(f"s{next(self._ids)}", prompt, params, seed, limit, cancel, request.priority, context,
+                   request.play_at, request.listener)  # fmt: skip
 
     def _prompt(self, request: SynthesisRequest, design: bool) -> tuple[Prompt | PromptPlan, DecoderState | None]:
         """The talker prompt for a request, and the codec state to continue from (clones): a
@@ -327,11 +327,9 @@ class Qwen3Engine(Engine):
         prompt: Prompt | PromptPlan,
         params: SamplingParams,
         limit: int,
-        priority: int,
         cancel: CancelToken,
+        request: SynthesisRequest | None = None,
         context: DecoderState | None = None,
-        play_at: float | None = None,
-        listener: ListenerClock | None = None,
     ) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
         """PCM as it is made: per frame from the runner, or per packet eagerly, one stream at a
         time; each with its 16-bit PCM where the runner made it (`pcm16_step`), else None."""
@@ -351,7 +349,7 @@ class Qwen3Engine(Engine):
                 if packet and not cancel.cancelled:
                     yield self.ck.codec.decode(torch.stack(packet, dim=1)[None], state)[0].float().cpu().numpy(), None
             return
-        job = self._job(prompt, params, limit, priority, cancel, context, play_at, listener)
+        job = self._job(prompt, params, limit, cancel, request, context)
         self.runner.submit(job)  # Busy when the queue is full
         try:
             while True:
