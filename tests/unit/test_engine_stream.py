@@ -124,3 +124,36 @@ def test_a_polled_pool_reads_an_engine_without_a_polled_path_on_threads():
         return seqs, stream.generated, stream.exhausted
 
     assert _run(main(True)) == _run(main(False)) == ([0, 1, 2, 3, 4], 5, True)
+
+
+def test_a_loop_waker_sets_every_event_with_one_call_into_the_loop_per_round():
+    """Wakes that come before the loop runs again share one callback (a runner handing many
+    streams their frames wakes their loop once); every event is set; a later wake schedules anew."""
+    from voxgate.speech.stream import LoopWaker
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        calls = []
+        real = loop.call_soon_threadsafe
+
+        def counting(*args):
+            calls.append(args)
+            return real(*args)
+
+        loop.call_soon_threadsafe = counting  # the plain asyncio loop takes an instance attribute
+        waker = LoopWaker(loop)
+        for round_ in (1, 2):
+            events = [asyncio.Event() for _ in range(50)]
+            for event in events:  # no await between them: the loop cannot run the callback yet
+                waker.wake(event)
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 10)
+            assert ours(calls, waker) == round_
+        done = asyncio.Event()
+        await asyncio.to_thread(waker.wake, done)  # from another thread, as the runner calls it
+        await asyncio.wait_for(done.wait(), 10)
+        assert ours(calls, waker) == 3
+
+    def ours(calls, waker):  # to_thread hands its result back through the same method
+        return sum(1 for args in calls if getattr(args[0], "__self__", None) is waker)
+
+    _run(main())

@@ -27,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
@@ -61,6 +63,43 @@ def join_chunks(parts: list[AudioChunk]) -> AudioChunk:
         parts[-1].t_ready,
         np.concatenate(pcm16) if len(pcm16) == len(parts) else None,
     )
+
+
+class LoopWaker:
+    """Sets asyncio events of one loop from other threads, many per call into the loop: the
+    first wake since the loop last ran schedules one callback, later ones join it (a runner
+    handing 64 streams their frames wakes their loop once, not 64 times)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._events: list[asyncio.Event] = []
+
+    def wake(self, event: asyncio.Event) -> None:
+        with self._lock:
+            self._events.append(event)
+            if len(self._events) > 1:
+                return  # a callback is already on its way
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody reads any more
+            self._loop.call_soon_threadsafe(self._set)
+
+    def _set(self) -> None:
+        with self._lock:
+            events, self._events = self._events, []
+        for event in events:
+            event.set()
+
+
+_WAKERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWaker] = weakref.WeakKeyDictionary()
+_WAKERS_LOCK = threading.Lock()
+
+
+def _waker(loop: asyncio.AbstractEventLoop) -> LoopWaker:
+    with _WAKERS_LOCK:
+        waker = _WAKERS.get(loop)
+        if waker is None:
+            waker = _WAKERS[loop] = LoopWaker(loop)
+        return waker
 
 
 class EngineStream:
@@ -126,8 +165,7 @@ class EngineStream:
 
     def _wake(self) -> None:
         """From the engine's thread: let `next()` poll."""
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody reads any more
-            self._loop.call_soon_threadsafe(self._woken.set)
+        _waker(self._loop).wake(self._woken)
 
     def _submit(self, fn: Callable[[], object]) -> asyncio.Future:  # type: ignore[type-arg]
         """Run `fn` on the pool at this stream's priority and deadline (a close is due now)."""
