@@ -371,19 +371,14 @@ class Qwen3Engine(Engine):
         self, pieces: Iterator[tuple[np.ndarray, np.ndarray | None]], cancel: CancelToken
     ) -> Iterator[AudioChunk]:
         """One chunk per `packet_frames` frames of PCM (the last one may be shorter)."""
-        size = self.packet_frames * self.ck.codec.config.samples_per_frame
-        held: list[tuple[np.ndarray, np.ndarray | None]] = []
-        samples, seq = 0, 0
+        packets = Packets(self.packet_frames * self.ck.codec.config.samples_per_frame)
         for frame in pieces:
-            held.append(frame)
-            samples += len(frame[0])
-            if samples >= size:
-                yield _chunk(held, seq)
-                held, samples, seq = [], 0, seq + 1
+            if (chunk := packets.add(frame)) is not None:
+                yield chunk
             if cancel.cancelled:
                 return
-        if held:
-            yield _chunk(held, seq)
+        if (last := packets.rest()) is not None:
+            yield last
 
     def close(self) -> None:
         if self._prompt_thread is not None:
@@ -397,9 +392,7 @@ class PolledFrames:
     job's `wake`): `poll()` takes what the runner has handed out so far, as whole packets."""
 
     def __init__(self, job: Job, packet_samples: int) -> None:
-        self.job, self.packet_samples = job, packet_samples
-        self._held: list[tuple[np.ndarray, np.ndarray | None]] = []
-        self._samples, self._seq = 0, 0
+        self.job, self._packets = job, Packets(packet_samples)
         self._failure: BaseException | None = None
         self.ended = False
 
@@ -417,8 +410,9 @@ class PolledFrames:
                 break
             if item is END:
                 self.ended = True
-                if self._held and not self.job.cancel.cancelled:
-                    out.append(self._take())
+                last = self._packets.rest()
+                if last is not None and not self.job.cancel.cancelled:
+                    out.append(last)
                 break
             if isinstance(item, BaseException):
                 if out:  # the audio made so far first; the failure on the next poll
@@ -426,31 +420,43 @@ class PolledFrames:
                     break
                 self.ended = True
                 raise item
-            self._held.append(item)
-            self._samples += len(item[0])
-            if self._samples >= self.packet_samples:
-                out.append(self._take())
+            if (chunk := self._packets.add(item)) is not None:
+                out.append(chunk)
         return out
-
-    def _take(self) -> AudioChunk:
-        chunk = _chunk(self._held, self._seq)
-        self._held, self._samples, self._seq = [], 0, self._seq + 1
-        return chunk
 
     def close(self) -> None:
         """The reader is done: the runner frees the row at its next step."""
         self.job.closed = True
 
 
-def _chunk(frames: list[tuple[np.ndarray, np.ndarray | None]], seq: int) -> AudioChunk:
-    """Consecutive frames as one chunk; their 16-bit PCM too when every frame has it."""
-    if len(frames) == 1:
-        pcm, pcm16 = frames[0]
-    else:
-        pcm = np.concatenate([f for f, _ in frames])
-        parts = [p for _, p in frames if p is not None]
-        pcm16 = np.concatenate(parts) if len(parts) == len(frames) else None
-    return AudioChunk(pcm, SAMPLE_RATE, seq, t_ready=time.perf_counter(), pcm16=pcm16)
+class Packets:
+    """One stream's frames `(pcm, pcm16)` as chunks of at least `size` samples, numbered in
+    order; `rest()` is the shorter last one. The frames' 16-bit PCM is joined too when every
+    frame of a chunk has it."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._held: list[tuple[np.ndarray, np.ndarray | None]] = []
+        self._samples, self._seq = 0, 0
+
+    def add(self, frame: tuple[np.ndarray, np.ndarray | None]) -> AudioChunk | None:
+        self._held.append(frame)
+        self._samples += len(frame[0])
+        return self.rest() if self._samples >= self.size else None
+
+    def rest(self) -> AudioChunk | None:
+        frames = self._held
+        if not frames:
+            return None
+        if len(frames) == 1:
+            pcm, pcm16 = frames[0]
+        else:
+            pcm = np.concatenate([f for f, _ in frames])
+            parts = [p for _, p in frames if p is not None]
+            pcm16 = np.concatenate(parts) if len(parts) == len(frames) else None
+        chunk = AudioChunk(pcm, SAMPLE_RATE, self._seq, t_ready=time.perf_counter(), pcm16=pcm16)
+        self._held, self._samples, self._seq = [], 0, self._seq + 1
+        return chunk
 
 
 def create(settings: Settings) -> Qwen3Engine:
