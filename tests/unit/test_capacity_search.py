@@ -17,7 +17,8 @@ def report(n: int, *, underruns: int = 0, p95: float | None = 400.0, refused: in
     results = {
         "sessions": n, "sessions_ok": n - refused,
         "units": {"sent": 10 * n, "received": 10 * n, "missing": 0, "duplicate": 0, "mismatched": 0, "cancelled": 0},
-        "underruns": {"count": underruns, "total_ms": 80.0 * underruns},
+        "underruns": {"count": underruns, "total_ms": 80.0 * underruns,
+                      "events": [{"session": i, "ms": 80.0, "at_s": 1.0 + i} for i in range(underruns)]},
         "ttfa_ms": {"all": {"p95": p95}}, "gateway_ttfa_ms": {"all": {"p95": 50.0}},
         "unit_latency_ms": {"all": {"p95": 900.0}}, "errors": {"other": {"busy": refused} if refused else {}},
     }  # fmt: skip
@@ -58,7 +59,8 @@ def test_a_round_fails_on_late_first_audio_refused_sessions_or_lost_units_not_on
     busy = judge(8, report(8, refused=3)["results"], 1000)
     assert not busy["passed"] and "3 sessions failed" in busy["why_not"][0]
     assert judge(8, report(8, underruns=2)["results"], 1000, underrun_ms_max=160)["passed"]  # 2 x 80 ms allowed
-    assert not judge(8, report(8, underruns=3)["results"], 1000, underrun_ms_max=160)["passed"]
+    three = judge(8, report(8, underruns=3)["results"], 1000, underrun_ms_max=160)
+    assert not three["passed"] and [e["session"] for e in three["underrun_events"]] == [0, 1, 2]  # where each fell
     lost = report(8)["results"]
     lost["units"]["missing"] = 1
     assert not judge(8, lost, 1000)["passed"]
