@@ -316,11 +316,15 @@ def test_the_listener_counts_only_silence_the_server_caused():
     report = summarize([ledger, slow], sending_s=3.0)["underruns"]
     assert report["count"] == 2 and report["sessions_with"] == 2 and report["total_ms"] == pytest.approx(300.0)
     assert [s["count"] for s in report["per_session"]] == [1, 1]
+    # the slow session's listener had been dry 1.4 s (0.8 -> 2.2) when its text came: counted apart too
+    assert report["after_text_wait"] == {"count": 1, "total_ms": pytest.approx(100.0)}
     # one by one, in time order from the run's first audio (0.3), each after its utterance's first audio
-    assert [(e["session"], e["ms"], e["at_s"], e["after_first_audio_ms"], e["seq"]) for e in report["events"]] == [
-        (1, pytest.approx(100.0), pytest.approx(2.0), pytest.approx(2000.0), 1),
-        (0, pytest.approx(200.0), pytest.approx(1.2), pytest.approx(1200.0), 2),
-    ][::-1]
+    got = [(e["session"], e["ms"], e["at_s"], e["after_first_audio_ms"], e["seq"], e["text_wait_ms"])
+           for e in report["events"]]  # fmt: skip
+    assert got == [
+        (0, pytest.approx(200.0), pytest.approx(1.2), pytest.approx(1200.0), 2, 0.0),
+        (1, pytest.approx(100.0), pytest.approx(2.0), pytest.approx(2000.0), 1, pytest.approx(1400.0)),
+    ]
 
 
 def test_the_reported_command_line_hides_both_keys(monkeypatch):

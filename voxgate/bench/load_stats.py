@@ -14,7 +14,11 @@ Each session also has a listener: it plays an utterance's audio at real time fro
 audio. An **underrun** is silence the server caused: the listener's buffer ran dry while the
 whole text of the audio that came next (its segment, up to `unit_end`) had already been sent.
 It lasts from the later of the two (buffer empty, text sent) to that audio's arrival. Silence
-while the client had not yet sent the text is the client's pace, not an underrun.
+while the client had not yet sent the text is the client's pace, not an underrun; but once the
+text is there, the wait for its audio counts even where the listener had run dry before it came
+(the segment's first audio after a starved listener): such underruns are also counted apart
+(`after_text_wait`), with how long the listener had waited for the text, since they can only be
+as short as the server's first-audio latency, never zero.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ class Underrun:
     after_first_audio: float  # that, from its utterance's first audio
     utterance: int
     seq: int  # the audio message that ended it
+    text_wait: float = 0.0  # how long the listener had been dry before that audio's text was sent (0: it was)
 
 
 class SessionLedger:
@@ -127,7 +132,8 @@ class SessionLedger:
             if t > silent_from:
                 self.underruns.append(t - silent_from)
                 first = self.utterance_first_audio.get(utt, t)
-                self.underrun_events.append(Underrun(t - silent_from, t, t - first, utt, seq))
+                text_wait = max(0.0, self.sent_at[unit_end] - dry)
+                self.underrun_events.append(Underrun(t - silent_from, t, t - first, utt, seq, text_wait))
         self.play_end[utt] = max(dry if dry is not None else t, t) + seconds
 
     def units_done(self, utt: int, start: int, end: int) -> None:
@@ -329,15 +335,18 @@ def underruns(ledgers: Sequence[SessionLedger]) -> dict[str, Any]:
     longest ones one by one (`events`), each with when it ended in seconds from the run's
     first audio (underruns of many sessions at one moment: a stall of the whole server), how
     long after its utterance's first audio (right after it: a new stream's second chunk came
-    late) and the audio message (`seq`) that ended it."""
+    late), the audio message (`seq`) that ended it and how long the listener had already waited
+    for that audio's text (`text_wait_ms`; 0: the text was there before the buffer ran dry)."""
     per = [(len(ledger.underruns), 1000 * sum(ledger.underruns)) for ledger in ledgers]
     starts = [t for ledger in ledgers for t in ledger.utterance_first_audio.values()]
     origin = min(starts, default=0.0)
     events = [(e, i) for i, ledger in enumerate(ledgers) for e in ledger.underrun_events]
     events.sort(key=lambda pair: -pair[0].seconds)
+    waited = [e for e, _ in events if e.text_wait > 0]
     return {
         "count": sum(n for n, _ in per),
         "total_ms": round(sum(ms for _, ms in per), 1),
+        "after_text_wait": {"count": len(waited), "total_ms": round(1000 * sum(e.seconds for e in waited), 1)},
         "sessions_with": sum(n > 0 for n, _ in per),
         "worst_session_ms": round(max((ms for _, ms in per), default=0.0), 1),
         "per_session": [{"count": n, "ms": round(ms, 1)} for n, ms in per],
@@ -349,6 +358,7 @@ def underruns(ledgers: Sequence[SessionLedger]) -> dict[str, Any]:
                 "after_first_audio_ms": round(1000 * e.after_first_audio, 1),
                 "utterance": e.utterance,
                 "seq": e.seq,
+                "text_wait_ms": round(1000 * e.text_wait, 1),
             }
             for e, i in sorted(events[:MAX_UNDERRUN_EVENTS], key=lambda pair: pair[0].ended_at)
         ],
@@ -371,12 +381,12 @@ def markdown_table(results: Mapping[str, Any]) -> str:
     u, r, e, x = results["units"], results["resumes"], results["errors"], results["underruns"]
     lines = [
         "| sessions ok | units sent | received | missing | duplicate | mismatched | cancelled "
-        "| resumes ok | errors injected | errors other | audio s | underruns (sessions, ms) |",
+        "| resumes ok | errors injected | errors other | audio s | underruns (sessions, ms; after a text wait) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
         f"| {results['sessions_ok']}/{results['sessions']} | {u['sent']} | {u['received']} | {u['missing']} "
         f"| {u['duplicate']} | {u['mismatched']} | {u['cancelled']} | {r['succeeded']}/{r['attempted']} "
         f"| {sum(e['injected'].values())} | {sum(e['other'].values())} | {results['audio_s']:.1f} "
-        f"| {x['count']} ({x['sessions_with']}, {x['total_ms']}) |",
+        f"| {x['count']} ({x['sessions_with']}, {x['total_ms']}; {x['after_text_wait']['count']}) |",
         "",
         "| metric (ms) | window | n | p50 | p95 | p99 |",
         "|---|---|---|---|---|---|",
