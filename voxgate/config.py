@@ -336,15 +336,16 @@ class Settings(BaseSettings):
         "listener is held while others need frames (the deadline rule); 0 turns holding off.",
     )
     engine_polled: bool = Field(
-        False,
+        True,
         description="Engines that can (batched qwen3) hand each stream's frames to the event loop as they are "
-        "made, with no worker thread per stream. Off until measured on a GPU (BENCHMARKS.md issue 17).",
+        "made, with no worker thread per stream (on an H100, 64 streamed-text sessions: gateway-added first "
+        "audio ~20 ms lower; BENCHMARKS.md issue 17). false: a worker thread reads each stream.",
     )
     qwen3_pcm16_step: bool = Field(
-        False,
+        True,
         description="qwen3 (batched): the runner also converts each step's audio to 16-bit PCM, once for every "
-        "stream, and PCM/WAV transports send it as it is (not converted per frame on the event loop). Off "
-        "until measured on a GPU (BENCHMARKS.md issue 17).",
+        "stream, and PCM/WAV transports send it as it is (not converted per frame on the event loop): the same "
+        "bytes. Measured with ENGINE_POLLED (BENCHMARKS.md issue 17); false: the transport converts.",
     )
 
     @field_validator(

@@ -116,7 +116,8 @@ def test_the_polled_runner_path_and_its_16_bit_pcm_serve_the_same_bytes(tiny_dir
             "QWEN3_KV_CAPACITY": "256", "QWEN3_MAX_STREAMS": "4"}  # fmt: skip
     body = {"text": "Frames to the loop.", "voice": "vivian", "language": "en", "seed": 5}
     got = {}
-    for name, extra in (("threads", {}), ("polled", {"ENGINE_POLLED": "true", "QWEN3_PCM16_STEP": "true"})):
+    off, on = {"ENGINE_POLLED": "false", "QWEN3_PCM16_STEP": "false"}, {}  # on by default
+    for name, extra in (("threads", off), ("polled", on)):
         with ServerProcess("qwen3", env={**base, **extra}) as server:
             replies = [httpx.post(f"{server.url}/tts/stream", json={**body, "format": fmt}, timeout=120)
                        for fmt in ("pcm", "wav", "mulaw")]  # fmt: skip
