@@ -427,3 +427,33 @@ def test_segments_utterance_speaks_each_utterance_whole_at_its_end(gateway):
 
     c = asyncio.run(run())
     assert [(m["unit_start"], m["unit_end"]) for m in c.of("units.done")] == [(0, 10)]  # one segment, all 11 units
+
+
+def test_a_listener_that_ran_dry_mid_utterance_gets_a_starter_sized_segment_not_a_full_one(gateway):
+    """Text slower than speech: once the listener has played everything it was sent, the next
+    segment is cut at the starter's size (3 words here) as soon as it has them, instead of
+    waiting for a full one (12) or the idle flush. Two deltas sent back to back tell the two
+    apart: the starved rule cuts after the first (units 9-11), a full-segment wait would take both."""
+
+    async def run() -> list[tuple[int, int]]:
+        async with websockets.connect(_ws(gateway)) as ws:
+            c = Client(ws)
+            await c.start(starter_units=3, max_pending_units=12)
+            await c.words("one two three four five six seven eight nine")  # the starter (0-2), then 3-8
+            first_audio_at = None
+            audio_s = 0.0
+            while True:
+                m = await c.next()
+                if m["type"] == "audio":
+                    first_audio_at = first_audio_at or time.perf_counter()
+                    audio_s += m["samples"] / 24000
+                if m["type"] == "units.done" and m["unit_end"] == 8:
+                    break
+            await asyncio.sleep(max(0.0, first_audio_at + audio_s - time.perf_counter()) + 0.5)  # played out
+            await c.send(type="text.delta", text="ten eleven twelve ", first_unit_index=9)
+            await c.send(type="text.delta", text="thirteen fourteen ", first_unit_index=12)
+            await c.send(type="text.end")
+            await c.until("utterance.done")
+        return [(m["unit_start"], m["unit_end"]) for m in c.of("units.done")]
+
+    assert asyncio.run(run()) == [(0, 2), (3, 8), (9, 11), (12, 13)]

@@ -382,3 +382,56 @@ def test_a_starter_never_exceeds_max_pending_units():
     for i in range(10):
         s.delta(_delta(f"w{i} ", i))
     assert [(g.unit_start, g.unit_end) for g in _segments(s)] == [(0, 4), (5, 9)]
+
+
+def test_a_starved_listener_restarts_the_segment_sizes_once_and_never_cuts_inside_a_word():
+    s = _session()  # starter_units 3, max_pending_units 12
+    for i in range(9):  # the starter (0-2), then six words (3-8)
+        s.delta(_delta(f"w{i} ", i))
+    assert [(g.unit_start, g.unit_end) for g in _segments(s)] == [(0, 2), (3, 8)]
+    _drain(s)
+    for i in range(9, 13):  # four words of the next (12-word) segment; its listener runs dry
+        s.delta(_delta(f"w{i} ", i))
+    assert s.take_segment() is None
+    s.starved(1.0)  # four words pending, more than a starter: spoken now
+    (now,) = _segments(s)
+    assert (now.unit_start, now.unit_end, now.starter) == (9, 12, False)
+    _drain(s)
+    s.starved(1.1)  # no segment since the restart: nothing changes
+    for i in range(13, 19):  # then the schedule grows again: 3 words, then 6
+        s.delta(_delta(f"w{i} ", i))
+    assert [(g.unit_start, g.unit_end) for g in _segments(s)] == [(13, 15)]
+    for i in range(19, 22):
+        s.delta(_delta(f"w{i} ", i))
+    assert [(g.unit_start, g.unit_end) for g in _segments(s)] == [(16, 21)]
+    # Inside a word, a starved listener waits for the word's end, not the full segment.
+    t = _session()
+    for i, word in enumerate(["a ", "b ", "c ", "d ", "e ", "f ", "g ", "h ", "i "]):
+        t.delta(_delta(word, i))
+    _segments(t), _drain(t)
+    t.delta(_delta("one two Hel", 9))
+    t.starved(2.0)
+    assert t.take_segment() is None  # "Hel" may go on
+    t.delta(_delta("lo ", 12))
+    t.delta(_delta("world ", 13))  # the cut the starved listener waited for: three words, at a word's end
+    (cut,) = _segments(t)
+    assert cut.text == "one two Hello" and (cut.unit_start, cut.unit_end) == (9, 12)
+
+
+def test_a_listener_is_not_starved_while_audio_is_unsent_or_a_segment_is_in_flight():
+    s = _session()
+    for i in range(9):
+        s.delta(_delta(f"w{i} ", i))
+    _segments(s)  # spoken, not yet sent: the listener has more coming
+    for i in range(9, 13):
+        s.delta(_delta(f"w{i} ", i))
+    s.starved(1.0)
+    assert s.take_segment() is None
+    _drain(s)
+    s.starved(1.0)
+    assert [(g.unit_start, g.unit_end) for g in _segments(s)] == [(9, 12)]
+    u = _session(segments="utterance")  # one segment an utterance: never cut early
+    for i in range(5):
+        u.delta(_delta(f"w{i} ", i))
+    u.starved(1.0)
+    assert u.take_segment() is None

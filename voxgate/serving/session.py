@@ -96,6 +96,7 @@ class Session:
     _queue: deque[Segment] = field(default_factory=deque)
     _queued_chars: int = 0  # text in _queue
     _segments_made: int = 0  # segments of the open utterance so far (the starter policy)
+    _schedule_from: int = 0  # segments made when the size schedule last started (0, or a starved listener)
     _inflight: Segment | None = None
     _log: list[Entry] = field(default_factory=list)
     _cursor: int = 0  # index into _log of the next entry to send
@@ -135,7 +136,7 @@ class Session:
             return  # spoken whole at text.end (or text.flush): no cut of its own
         # A blank delta is kept as at most a space, so its line break is looked for in what was sent.
         ends = _SENTENCE_END.search(text) if text.strip() else "\n" in msg.text
-        starter = self.config.starter_units > 0 and self._segments_made == 0
+        starter = self.config.starter_units > 0 and self._segments_made == self._schedule_from
         if ends or (starter and _CLAUSE_END.search(text)) or (self._full() and _word_boundary(text[-1:], "")):
             self.flush(now)
 
@@ -146,11 +147,13 @@ class Session:
         """Units the pending segment may hold. With a starter (`starter_units` n > 0) an
         utterance's segments grow n, 2n, then `max_pending_units`: the first audio comes after a
         few words (or the first clause) instead of a sentence, and each next segment is written
-        while the one before plays, as the bridge's segmenter does for an LLM's reply."""
+        while the one before plays, as the bridge's segmenter does for an LLM's reply. A listener
+        that ran dry mid-utterance starts the schedule again (`starved`)."""
         n, most = self.config.starter_units, self.config.max_pending_units
-        if n == 0 or self._segments_made >= 2:
+        made = self._segments_made - self._schedule_from
+        if n == 0 or made >= 2:
             return most
-        return min(most, n << self._segments_made)
+        return min(most, n << made)
 
     def _admit(self, text: str) -> str:
         """The delta's text as kept: checked like any request's text, whitespace between words
@@ -183,6 +186,24 @@ class Session:
         self._pending.clear()
         self._pending_chars = 0
         self._pending_start = self.next_unit
+
+    def starved(self, now: float) -> None:
+        """The listener has heard everything and has nothing more coming (no segment queued or
+        being voiced, no audio unsent), while the utterance's text comes slower than it is
+        spoken: the next segment is sized like its first (a starter's few words or first clause,
+        then growing again) rather than waiting for a full one, and pending text that already
+        fills it is spoken now. Once per starvation: the schedule restarts only after a segment
+        was made since it last did."""
+        if self.config.segments != "auto" or self.config.starter_units == 0 or not self.open:
+            return
+        if self._inflight is not None or self._queue or self.unsent() is not None:
+            return
+        if self._segments_made == self._schedule_from:
+            return  # already at the schedule's start
+        self._schedule_from = self._segments_made
+        pending = "".join(self._pending)  # a cut by length waits for a word's end (`_word_boundary`)
+        if (self._full() and _word_boundary(pending[-1:], "")) or _CLAUSE_END.search(pending):
+            self.flush(now)
 
     def idle_flush_due(self, now: float, idle_s: float) -> bool:
         return self.config.segments == "auto" and bool(self._pending) and now - self.last_delta_at >= idle_s
@@ -286,7 +307,7 @@ class Session:
         self._append(message, None, self.utterance, last + 0.5)
         self.utterance += 1
         self.open = self.ending = False
-        self._segments_made = 0
+        self._segments_made = self._schedule_from = 0
         self._maybe_finish_session()
 
     def _maybe_finish_session(self) -> None:

@@ -52,6 +52,9 @@ WS_FORMATS = (*(f for f in FORMATS if f != "wav"), "mp3", "opus", "aac")
 DETACHED_PRIORITY = -100  # the lowest a request may ask for (HTTP allows -100..100)
 SESSION_HEADER = "x-voxgate-session"  # the connect's session key (browsers cannot set headers: ?session=)
 DRAIN_CLOSE = 1012  # "service restart": the server is going; open the session again elsewhere
+# A listener with less audio than this in hand and nothing more coming is starving: the next
+# segment is sized like a starter (`Session.starved`). About a GPU segment's first audio under load.
+STARVING_S = 0.15
 router = APIRouter()
 
 
@@ -193,6 +196,8 @@ class Gateway:
         session = live.session
         now = time.perf_counter()
         if isinstance(message, TextDelta):
+            if self._starving(live, now):
+                session.starved(now)
             session.delta(message, now)
             if not session.speakable:
                 return live  # text gathered: nothing new for the synthesiser or the writer
@@ -502,8 +507,11 @@ class Gateway:
                     live.work.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(live.work.wait(), timeout=min(idle, 0.2))
-                    if s.idle_flush_due(time.perf_counter(), idle):
-                        s.flush(time.perf_counter())
+                    now = time.perf_counter()
+                    if s.idle_flush_due(now, idle):
+                        s.flush(now)
+                    elif self._starving(live, now):
+                        s.starved(now)
                     continue
                 await self._speak(live, segment)
                 live.wake.set()
@@ -511,6 +519,12 @@ class Gateway:
             pass
         except Exception:
             log.exception("websocket synthesis failed")
+
+    @staticmethod
+    def _starving(live: Live, now: float) -> bool:
+        """The attached listener has heard (nearly) all the audio it was sent: less than
+        `STARVING_S` left (`Session.starved` says what that changes)."""
+        return live.socket is not None and live.clock.end is not None and live.clock.buffered(now) < STARVING_S
 
     async def _speak(self, live: Live, segment: Segment) -> None:
         s, engine = live.session, self.state.require_engine()
