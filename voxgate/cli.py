@@ -177,6 +177,12 @@ def cmd_bench_parity(args: argparse.Namespace) -> int:
     return run_parity_bench(args)
 
 
+def cmd_bench_page(args: argparse.Namespace) -> int:
+    from voxgate.bench.page import run_page_bench
+
+    return run_page_bench(args)
+
+
 def cmd_bench_vad_stt(args: argparse.Namespace) -> int:
     from voxgate.bench.vad_stt import run_vad_stt_bench
 
@@ -302,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
     agent = bench.add_parser("agent", help="voice-agent turns over a WebRTC call: end of turn -> first audio")
     add_agent_arguments(agent)
     agent.set_defaults(func=cmd_bench_agent)
+
+    from voxgate.bench.page import add_arguments as add_page_arguments
+
+    page = bench.add_parser("page", help="the voice agent's page in a headless Chromium: one spoken call, checked")
+    add_page_arguments(page)
+    page.set_defaults(func=cmd_bench_page)
 
     from voxgate.bench.abuse import add_arguments as add_abuse_arguments
 
