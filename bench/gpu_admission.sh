@@ -4,7 +4,7 @@
 # cost by bucket, /healthz stream_slots), then `voxgate load --find-capacity` (5 words/s,
 # starter segments) and `--scenario overload` (text 4x faster, twice the estimate, then a probe).
 # Usage: sh bench/gpu_admission.sh [seed] [model]   (model default Qwen3-TTS-12Hz-0.6B-CustomVoice)
-# Environment: RES (results folder, default $OUT), ROWS, KV (qwen3_kv_capacity, default 2048),
+# Environment: RES (results folder; default: packed into $OUT/results-TAG.tgz), ROWS, KV (qwen3_kv_capacity, default 2048),
 # CAPACITY=0 / OVERLOAD=0 (skip a part), DURATION (seconds of text a round, default 15), START,
 # CAPMAX, GROWTH, UNDERRUN_MS (the search: from 64 sessions, at most the engine's estimate,
 # doubling, no underrun allowed),

@@ -3,7 +3,13 @@
 SEED=${1:-11}
 MODEL=${2:-Qwen3-TTS-12Hz-0.6B-CustomVoice}
 TAG=$(echo $MODEL | sed 's/Qwen3-TTS-12Hz-//')
-RES=${RES:-$OUT}
+# RES: where the results go. Unset: a folder of this run, packed into $OUT/results-$TAG.tgz at exit
+# (only 8 files come back from $OUT, and a run writes more).
+if [ -z "${RES:-}" ]; then
+    RES=/tmp/results-$TAG-$$
+    trap 'tar -czf "$OUT/results-$TAG.tgz" -C "$RES" . && echo "results: $OUT/results-$TAG.tgz"' EXIT
+    trap 'exit 143' TERM INT  # a `timeout` still packs what the run wrote
+fi
 # gpu_setup: install the carried wheels, write $RES/machine.txt, build the random-weight
 # checkpoint /tmp/ckpt-$TAG-$SEED once (needs SEED, MODEL, TAG, RES).
 # wait_server PID LOG: until /healthz answers on :8765, or the server has exited (then fail).

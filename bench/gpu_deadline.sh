@@ -5,7 +5,7 @@
 # segments), then the overload scenario (text 4x faster from twice the rows, then 8 probe sessions),
 # and the runner's held-step counter from /metrics.
 # Usage: sh bench/gpu_deadline.sh [seed] [model]   (model default Qwen3-TTS-12Hz-0.6B-CustomVoice)
-# Environment: RES (default $OUT), ROWS (128), LEADS ("1500 0"), SESSIONS ("64 128"), DURATION (20),
+# Environment: RES (default: packed into $OUT/results-TAG.tgz), ROWS (128), LEADS ("1500 0"), SESSIONS ("64 128"), DURATION (20),
 # OVERLOAD=0 (skip it), EXTRA (more server settings, KEY=VALUE without the VOXGATE_ prefix).
 set -u
 . bench/gpu_common.sh  # SEED ($1), MODEL ($2), TAG, RES; gpu_setup, wait_server, summary

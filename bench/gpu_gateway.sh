@@ -3,7 +3,7 @@
 # on qwen3 (random-weight checkpoint, bf16, CUDA graphs), 64 sessions at 5 words/s, with and
 # without the starter segment; then 64 concurrent HTTP /tts/stream.
 # Usage: sh bench/gpu_gateway.sh [seed] [model]   (model default Qwen3-TTS-12Hz-0.6B-CustomVoice)
-# Environment: RES (results folder, default $OUT), SRC (the voxgate tree the server runs, default
+# Environment: RES (results folder; default: packed into $OUT/results-TAG.tgz), SRC (the voxgate tree the server runs, default
 # this one: e.g. an older commit's voxgate/ unpacked with `git archive`, for an A/B on one machine; the
 # load client is always this tree's), STARTERS (starter_units values, default "3 0"), EXTRA
 # (more server settings, KEY=VALUE without the VOXGATE_ prefix, e.g. "QWEN3_PROMPT_THREAD=true"),

@@ -7,7 +7,7 @@
 # Wheels: .gpu/ (bench/gpu_bundle.sh) and RAY1, RAY2 (bench/gpu_bundle_ray.sh's .gpu-ray1/2, carried
 # by earlier calls on the same machine and kept outside the tree, e.g. in /tmp/carry).
 # Usage: RAY1=/tmp/carry/.gpu-ray1 RAY2=/tmp/carry/.gpu-ray2 sh bench/gpu_ray.sh [seed] [model]
-# Environment: RES (default $OUT), PER_REPLICA (64), N (sequential requests, 32), RUNS ("plain 1 2":
+# Environment: RES (default: packed into $OUT/results-TAG.tgz), PER_REPLICA (64), N (sequential requests, 32), RUNS ("plain 1 2":
 # which of the three; "hap1 hap2" are 1 and 2 replicas behind Ray's HAProxy ingress instead of its
 # proxy, deployment.haproxy_ingress).
 # Then $RES/ray-$TAG-summary.json: the Ray hop (one stream's client TTFA p50 through Ray minus one
