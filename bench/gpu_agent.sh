@@ -17,6 +17,12 @@
 #                               a bundle made before 9c696e8 lacks its recordings: here `voxgate bench agent
 #                               --record-questions .gpu-agent-questions` (9 MB), then carry [".gpu-agent-questions"]
 #                               and QDIR=.gpu-agent-questions)
+# The agent's page in a headless Chromium (Debian's, with its libraries, from bench/gpu_bundle_page.sh here:
+# .gpu-page1 .. .gpu-pageM), after the agent's stash calls (the server starts if basic has not run):
+#   carry [".gpu-page1"]:       sh bench/gpu_agent.sh stash      ... and so on up to M-1, then
+#   carry [".gpu-pageM"]:       sh bench/gpu_agent.sh page       (`voxgate bench page`: one call from the page,
+#                               its microphone asking the browser test's question; JSON with the checks, a
+#                               screenshot; exits 1 unless every check held)
 # Each bench mode leaves $RES/agent-<mode>-<NAME>.tgz (JSON, tables, the server log, the call traces).
 # Environment: RES (default $OUT), CARRY (/tmp/carry), NAME (results label, default "default"),
 # EXTRA (more server settings, KEY=VALUE without VOXGATE_, e.g. "AGENT_MIN_GAP_MS=400": a server
@@ -24,17 +30,19 @@
 # basic, LIMIT (0: all 44) for multi, STT_DEVICE (auto), STT_THREADS (4), TURN_THREADS (2),
 # ENGINE (qwen3; tone or piper for a dry run where no GPU is), PY (python3), INSTALL (1: pip-install
 # the carried wheels into $PY's environment), CALL_S (570: a bench still running this long after the
-# call began is stopped, so its logs still come back within the call's 600 s).
+# call began is stopped, so its logs still come back within the call's 600 s), CHROMIUM (page: the
+# browser, default the bundle's chromium.sh; a dry run's wrapper).
 # Replies are capped at 24 LLM tokens (AGENT_MAX_TOKENS; EXTRA may change it): random weights never
 # say EOS, so each segment speaks its length guard (max(64, 8 x tokens) frames of 80 ms, >= 5 s) and
 # the basic set waits for every reply to play out; first audio does not depend on the cap.
 set -u
-MODE=${1:?usage: sh bench/gpu_agent.sh stash|basic|multi|followup|stop}
+MODE=${1:?usage: sh bench/gpu_agent.sh stash|basic|multi|followup|page|stop}
 SEED=11
 MODEL=Qwen3-TTS-12Hz-0.6B-CustomVoice
 RES=${RES:-$OUT}
 CARRY=${CARRY:-/tmp/carry}
 AGENT=${AGENT_DIR:-/tmp/agent}  # the joined bundle
+PAGE=${PAGE_DIR:-/tmp/page}  # the joined page bundle
 RUN=${RUN_DIR:-/tmp/agent-run}  # server log, traces, results: kept across calls
 PY=${PY:-python3}
 ENGINE=${ENGINE:-qwen3}
@@ -46,24 +54,28 @@ export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 mkdir -p "$RES" "$CARRY" "$RUN/traces"
 
 stash() {  # keep what this call carried where later calls find it
-    for d in .gpu-agent[0-9]*; do [ -d "$d" ] && cp -r "$d" "$CARRY/"; done
-    ls "$CARRY"/.gpu-agent*/agent.tgz.* 2>/dev/null | sed 's/.*agent.tgz/part/' | tr '\n' ' '; echo
+    for d in .gpu-agent[0-9]* .gpu-page[0-9]*; do [ -d "$d" ] && cp -r "$d" "$CARRY/"; done
+    ls "$CARRY"/.gpu-*/*.t?z.* 2>/dev/null | sed 's/.*\/\([a-z]*\)\.t.z\./\1 part /' | tr '\n' ' '; echo
+}
+
+joined() {  # KIND FILE: the parts of $CARRY/.gpu-KIND*/KIND.t?z.NN joined into FILE, checked whole
+    first=$(ls "$CARRY"/.gpu-$1*/$1.sha256 2>/dev/null | head -1)
+    [ -n "$first" ] || { echo "no $1 bundle part on this machine (a fresh one?): the stash calls first"; return 1; }
+    set -- "$1" "$2" $(cat "$first")
+    i=0
+    rm -f "$2"
+    while [ $i -lt "$4" ]; do
+        part=$(ls "$CARRY"/.gpu-$1*/$1.t?z.$(printf %02d $i) 2>/dev/null | head -1)
+        [ -n "$part" ] || { echo "$1 part $i of $4 missing: carry its .gpu-$1 folder (stash) first"; return 1; }
+        cat "$part" >> "$2"
+        i=$((i + 1))
+    done
+    [ "$(sha256sum "$2" | cut -d' ' -f1)" = "$3" ] || { echo "joined $1 bundle: sha256 differs"; return 1; }
 }
 
 unpack() {  # join the parts, check them whole, unpack and install (once a machine)
     [ -f "$AGENT/.installed" ] && return 0
-    first=$(ls "$CARRY"/.gpu-agent*/agent.sha256 2>/dev/null | head -1)
-    [ -n "$first" ] || { echo "no bundle part on this machine (a fresh one?): the stash calls first"; return 1; }
-    set -- $(cat "$first")
-    sum=$1 n=$2 i=0
-    rm -f /tmp/agent.tgz
-    while [ $i -lt "$n" ]; do
-        part=$(ls "$CARRY"/.gpu-agent*/agent.tgz.$(printf %02d $i) 2>/dev/null | head -1)
-        [ -n "$part" ] || { echo "part $i of $n missing: carry its .gpu-agent folder (stash) first"; return 1; }
-        cat "$part" >> /tmp/agent.tgz
-        i=$((i + 1))
-    done
-    [ "$(sha256sum /tmp/agent.tgz | cut -d' ' -f1)" = "$sum" ] || { echo "joined bundle: sha256 differs"; return 1; }
+    joined agent /tmp/agent.tgz || return 1
     rm -rf "$AGENT" && mkdir -p "$AGENT" && tar -xzf /tmp/agent.tgz -C "$AGENT" --strip-components=1 || return 1
     rm /tmp/agent.tgz
     if [ "${INSTALL:-1}" = 1 ]; then
@@ -71,6 +83,31 @@ unpack() {  # join the parts, check them whole, unpack and install (once a machi
             || { tail -5 "$RUN/pip.txt"; return 1; }
     fi
     touch "$AGENT/.installed"
+}
+
+unpack_page() {  # the page bundle, joined and unpacked (xz: Python's, the image may have no xz)
+    [ -f "$PAGE/.unpacked" ] && return 0
+    joined page /tmp/page.txz || return 1
+    rm -rf "$PAGE" "$PAGE.tmp" && mkdir -p "$PAGE.tmp" || return 1
+    $PY -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='tar')" /tmp/page.txz \
+        "$PAGE.tmp" && mv "$PAGE.tmp/page" "$PAGE" && rm -rf "$PAGE.tmp" /tmp/page.txz || return 1
+    touch "$PAGE/.unpacked"
+}
+
+drive_page() {  # the agent's page in the bundle's Chromium against the running server (voxgate bench page)
+    left=$((T0 + ${CALL_S:-570} - $(date +%s) - 15))
+    site=$PWD  # the carried Playwright and greenlet (Python 3.12), unless INSTALL=0 (a dry run's own)
+    [ "${INSTALL:-1}" = 1 ] && site=$PWD:$PAGE/site
+    # node-lib: libatomic for Playwright's Node.js; chromium.sh puts the rest of the libraries on its own path.
+    HOME=${HOME:-/tmp} LD_LIBRARY_PATH="$PAGE/node-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PYTHONPATH=$site \
+        timeout "$left" $PY -m voxgate bench page --url $URL --chromium "${CHROMIUM:-$PAGE/chromium.sh}" \
+        --mic-wav "$PAGE/question.wav" --screenshot "$RUN/page-$NAME.png" --output-json "$RUN/page-$NAME.json" \
+        > "$RUN/page-$NAME.txt" 2>&1
+    rc=$?
+    cp "$RUN/page-$NAME.json" "$RUN/page-$NAME.png" "$RES/" 2>/dev/null  # beside the tar: read at once
+    echo "== page ($NAME): exit $rc"
+    tail -15 "$RUN/page-$NAME.txt"
+    return $rc
 }
 
 machine() {
@@ -176,6 +213,11 @@ case $MODE in
         stash; unpack || exit 1; server || { results followup; exit 1; }
         bench followup --questions followup --questions-dir "${QDIR:-$AGENT/questions}"
         results followup ;;
+    page)
+        stash; unpack || exit 1; unpack_page || exit 1; [ -f "$RUN/stt_device" ] || machine
+        server || { results page; exit 1; }
+        drive_page; rc=$?
+        results page; exit $rc ;;
     stop) [ -f "$RUN/server.pid" ] && kill "$(cat "$RUN/server.pid")"; rm -f "$RUN/server.pid" ;;
-    *) echo "unknown mode $MODE: stash|basic|multi|followup|stop"; exit 2 ;;
+    *) echo "unknown mode $MODE: stash|basic|multi|followup|page|stop"; exit 2 ;;
 esac

@@ -15,9 +15,9 @@
 # - questions/: both question sets of `voxgate bench agent` recorded here (`--record-questions`:
 #   espeak-ng voices and Piper, which the device has neither of);
 # - qwen3-tts/: the official configs `make-random-checkpoint` builds the checkpoint from.
-# All of it goes into one gzipped tar, cut into parts of PART bytes (default: what a call carries
-# less the repository's size now, less 3 MiB), one part a folder, with agent.sha256 (the whole
-# tar's) in each. bench/gpu_agent.sh joins and checks them on the device.
+# All of it goes into one gzipped tar, cut into parts (bench/gpu_parts.sh: what a call carries less
+# the repository's size now, less 3 MiB), one part a folder, with agent.sha256 (the whole tar's) in
+# each. bench/gpu_agent.sh joins and checks them on the device.
 # Usage: sh bench/gpu_bundle_agent.sh      (needs .venv, espeak-ng; ~1 min, ~330 MB in /tmp)
 set -eu
 cd "$(dirname "$0")/.."
@@ -52,19 +52,6 @@ PY
 $PY -m voxgate bench agent --record-questions "$stage/agent/questions"
 cp -r ../shared/qwen3-tts "$stage/agent/qwen3-tts"
 (cd "$stage" && tar -cf - agent | gzip -1 > agent.tgz)
-# The repository travels with every call: tracked files and untracked ones git does not ignore.
-repo=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 stat -c %s 2>/dev/null \
-    | awk '{s += $1} END {print s}')
-PART=${PART:-$((64 * 1048576 - repo - 3 * 1048576))}
-rm -rf .gpu-agent[0-9]*
-split -b "$PART" -d -a 2 "$stage/agent.tgz" "$stage/agent.tgz."
-sum=$(sha256sum "$stage/agent.tgz" | cut -d' ' -f1)
-n=0
-for part in "$stage"/agent.tgz.[0-9]*; do
-    n=$((n + 1))
-    mkdir -p .gpu-agent$n && mv "$part" .gpu-agent$n/
-done
-for d in .gpu-agent[0-9]*; do echo "$sum $n" > $d/agent.sha256; done
-echo "wheels: $(ls "$stage/agent/wheels" | wc -l), tar $(stat -c %s "$stage/agent.tgz") bytes, repository $repo bytes," \
-    "part $PART bytes: $n folders (.gpu-agent1 .. .gpu-agent$n), one device call each"
-du -sh .gpu-agent[0-9]*
+echo "wheels: $(ls "$stage/agent/wheels" | wc -l)"
+. bench/gpu_parts.sh
+cut_parts agent "$stage/agent.tgz"
