@@ -435,3 +435,19 @@ def test_a_listener_is_not_starved_while_audio_is_unsent_or_a_segment_is_in_flig
         u.delta(_delta(f"w{i} ", i))
     u.starved(1.0)
     assert u.take_segment() is None
+
+
+def test_a_starved_listener_cuts_at_a_clause_only_where_the_pending_text_ends_a_word():
+    def starved_after(*deltas: str) -> list[str]:
+        s = _session()  # starter_units 3: a clause end cuts a restarted schedule's first segment
+        for i in range(9):  # the starter (0-2), then six words (3-8), heard to the end
+            s.delta(_delta(f"w{i} ", i))
+        _segments(s), _drain(s)
+        for text in deltas:
+            s.delta(_delta(text, None))
+        s.starved(1.0)
+        return [g.text for g in _segments(s)]
+
+    assert starved_after("Well,", " wor") == []  # "wor" may go on ("world"): no cut inside it
+    assert starved_after("Well, ") == ["Well,"]  # the clause and its word are whole: spoken now
+    assert starved_after("好的，", "世") == ["好的，世"]  # beside a CJK character a cut is always at a word's end

@@ -201,8 +201,9 @@ class Session:
         if self._segments_made == self._schedule_from:
             return  # already at the schedule's start
         self._schedule_from = self._segments_made
-        pending = "".join(self._pending)  # a cut by length waits for a word's end (`_word_boundary`)
-        if (self._full() and _word_boundary(pending[-1:], "")) or _CLAUSE_END.search(pending):
+        # Either cut waits for a word's end (`_word_boundary`): "Well, wor" may go on as "world".
+        pending = "".join(self._pending)
+        if _word_boundary(pending[-1:], "") and (self._full() or _CLAUSE_END.search(pending)):
             self.flush(now)
 
     def idle_flush_due(self, now: float, idle_s: float) -> bool:
