@@ -4,10 +4,16 @@ SEED=${1:-11}
 MODEL=${2:-Qwen3-TTS-12Hz-0.6B-CustomVoice}
 TAG=$(echo $MODEL | sed 's/Qwen3-TTS-12Hz-//')
 # RES: where the results go. Unset: a folder of this run, packed into $OUT/results-$TAG.tgz at exit
-# (only 8 files come back from $OUT, and a run writes more).
+# (only 8 files come back from $OUT, and a run writes more); a later run of the same call (an A/B:
+# `SRC=/tmp/old sh bench/gpu_gateway.sh; sh bench/gpu_gateway.sh`) packs into results-$TAG-2.tgz, ...
+pack_results() {
+    tgz=$OUT/results-$TAG.tgz n=1
+    while [ -e "$tgz" ]; do n=$((n + 1)); tgz=$OUT/results-$TAG-$n.tgz; done
+    tar -czf "$tgz" -C "$RES" . && echo "results: $tgz"
+}
 if [ -z "${RES:-}" ]; then
     RES=/tmp/results-$TAG-$$
-    trap 'tar -czf "$OUT/results-$TAG.tgz" -C "$RES" . && echo "results: $OUT/results-$TAG.tgz"' EXIT
+    trap pack_results EXIT
     trap 'exit 143' TERM INT  # a `timeout` still packs what the run wrote
 fi
 # gpu_setup: install the carried wheels, write $RES/machine.txt, build the random-weight
