@@ -325,8 +325,10 @@ def test_an_engine_failure_fails_its_segment_only(gateway):
 
 @pytest.fixture(scope="module")
 def patient_gateway() -> Iterator[ServerProcess]:
-    """No idle flush (a minute): a segment is cut only by what the text says."""
-    with ServerProcess("tone", env={"WS_IDLE_FLUSH_MS": "60000"}) as server:
+    """No idle flush (a minute): a segment is cut only by what the text says. A second of audio a
+    unit: a listener never runs dry while its text comes (a starved one would restart the sizes),
+    however slowly a busy machine wakes the client for its next words."""
+    with ServerProcess("tone", env={"WS_IDLE_FLUSH_MS": "60000", "TONE_UNIT_MS": "1000"}) as server:
         yield server
 
 
@@ -433,23 +435,25 @@ def test_a_listener_that_ran_dry_mid_utterance_gets_a_starter_sized_segment_not_
     """Text slower than speech: once the listener has played everything it was sent, the next
     segment is cut at the starter's size (3 words here) as soon as it has them, instead of
     waiting for a full one (12) or the idle flush. Two deltas sent back to back tell the two
-    apart: the starved rule cuts after the first (units 9-11), a full-segment wait would take both."""
+    apart: the starved rule cuts after the first (units 9-11), a full-segment wait would take both.
+    No step depends on how fast either side runs: the first two segments are one delta each (a
+    delta is never split, starved or not), and the wait is on the listener's clock as the server
+    keeps it (audio plays from when it arrives, gaps included), which the client's arrivals trail."""
 
     async def run() -> list[tuple[int, int]]:
         async with websockets.connect(_ws(gateway)) as ws:
             c = Client(ws)
             await c.start(starter_units=3, max_pending_units=12)
-            await c.words("one two three four five six seven eight nine")  # the starter (0-2), then 3-8
-            first_audio_at = None
-            audio_s = 0.0
+            await c.send(type="text.delta", text="one two three ", first_unit_index=0)  # the starter (0-2)
+            await c.send(type="text.delta", text="four five six seven eight nine ", first_unit_index=3)
+            played_out = 0.0  # when the listener has played all it got (`speech/clock.py`)
             while True:
                 m = await c.next()
                 if m["type"] == "audio":
-                    first_audio_at = first_audio_at or time.perf_counter()
-                    audio_s += m["samples"] / 24000
+                    played_out = max(played_out, time.perf_counter()) + m["samples"] / 24000
                 if m["type"] == "units.done" and m["unit_end"] == 8:
                     break
-            await asyncio.sleep(max(0.0, first_audio_at + audio_s - time.perf_counter()) + 0.5)  # played out
+            await asyncio.sleep(max(0.0, played_out - time.perf_counter()) + 0.5)
             await c.send(type="text.delta", text="ten eleven twelve ", first_unit_index=9)
             await c.send(type="text.delta", text="thirteen fourteen ", first_unit_index=12)
             await c.send(type="text.end")
