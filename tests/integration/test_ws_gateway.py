@@ -38,7 +38,7 @@ def _covered(messages: list[dict]) -> list[int]:
 
 
 def test_a_session_speaks_every_unit_once_and_reuses_the_socket(gateway):
-    async def run() -> str:
+    async def run() -> tuple[str, int]:
         async with websockets.connect(_ws(gateway)) as ws:
             c = Client(ws)
             await c.send(type="session.start", max_pending_units=4)
@@ -59,12 +59,14 @@ def test_a_session_speaks_every_unit_once_and_reuses_the_socket(gateway):
         assert [m["seq"] for m in audio] == list(range(len(audio)))
         assert all(m["bytes"] == 2 * m["samples"] for m in audio)
         assert [m["utterance"] for m in c.of("units.done")][-1] == 1
-        return started["session_id"]
+        # The segments as the client heard them (how the text is cut depends on when each word
+        # arrives: a stalled client's listener may run dry and restart the sizes).
+        return started["session_id"], len({(m["unit_start"], m["unit_end"]) for m in c.of("units.done")})
 
-    session_id = asyncio.run(run())
+    session_id, segments = asyncio.run(run())
     timings = httpx.get(gateway.url + "/debug/timings?last=1000", headers=gateway.admin_headers()).json()
     ours = [t for t in timings["timings"] if t["request_id"].startswith(session_id)]
-    assert len(ours) == 5 and sum(t["opens_utterance"] for t in ours) == 2  # a record per segment, 2 utterances
+    assert len(ours) == segments >= 5 and sum(t["opens_utterance"] for t in ours) == 2  # one per segment, 2 utterances
     assert all(0 <= t["ttfa_ms"] < 5000 for t in ours)
     for t in ours:  # the stages partition the segment's first-audio latency (each rounded to a microsecond)
         assert list(t["stages_ms"]) == ["queue", "slot", "engine", "hop", "write"]
