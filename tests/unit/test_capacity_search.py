@@ -79,3 +79,12 @@ def test_overload_runs_the_crowd_then_a_fresh_probe_without_faults():
     result = overload(crowd, execute, probe_sessions=3, probe_duration_s=5.0, ttfa_bound_ms=500)
     assert [p.concurrency for p in seen] == [64, 3] and seen[1].duration_s == 5.0 and seen[1].cancel == 0.0
     assert not result["crowd"]["passed"] and result["probe_after"]["passed"]
+
+
+def test_a_round_keeps_its_longest_underruns_in_time_order():
+    results = report(8, underruns=25)["results"]
+    for i, event in enumerate(results["underruns"]["events"]):
+        event["ms"] = float(i % 5 == 0) * 1000 + i  # the 5 at i = 0, 5, 10, 15, 20 are the longest
+    kept = judge(8, results, 1000)["underrun_events"]
+    assert len(kept) == 20 and [e["at_s"] for e in kept] == sorted(e["at_s"] for e in kept)
+    assert {0, 5, 10, 15, 20} <= {e["session"] for e in kept} and 1 not in {e["session"] for e in kept}

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from voxgate.bench.load import LoadParams
 
 Execute = Callable[["LoadParams"], dict[str, Any]]
-EVENTS_KEPT = 20  # a round keeps its underruns one by one (session, when, how long), the first this many
+EVENTS_KEPT = 20  # a round keeps its longest underruns one by one (session, when, how long), in time order
 RESOLUTION = 0.1  # the search stops once the gap between pass and fail is within 10% (or 1 session)
 
 
@@ -55,7 +55,7 @@ def judge(
         "unit_latency_p95_ms": results["unit_latency_ms"]["all"]["p95"],
         "underruns": x["count"],
         "underrun_ms": x["total_ms"],
-        "underrun_events": x["events"][:EVENTS_KEPT],
+        "underrun_events": sorted(sorted(x["events"], key=lambda e: -e["ms"])[:EVENTS_KEPT], key=lambda e: e["at_s"]),
         "errors": refused,
         "passed": not why,
         "why_not": why,

@@ -198,6 +198,8 @@ class Gateway:
         if isinstance(message, TextDelta):
             if self._starving(live, now):
                 session.starved(now)
+                if session.speakable:  # cut now: the synthesiser hears of it even if the delta is refused
+                    live.work.set()
             session.delta(message, now)
             if not session.speakable:
                 return live  # text gathered: nothing new for the synthesiser or the writer
