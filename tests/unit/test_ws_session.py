@@ -451,3 +451,25 @@ def test_a_starved_listener_cuts_at_a_clause_only_where_the_pending_text_ends_a_
     assert starved_after("Well,", " wor") == []  # "wor" may go on ("world"): no cut inside it
     assert starved_after("Well, ") == ["Well,"]  # the clause and its word are whole: spoken now
     assert starved_after("好的，", "世") == ["好的，世"]  # beside a CJK character a cut is always at a word's end
+
+
+def test_a_sentence_or_clause_cut_inside_a_delta_leaves_the_word_it_ends_inside_for_the_next():
+    s = _session(starter_units=0)
+    s.delta(_delta("Hi. The", 0))  # two units; "The" may go on
+    s.delta(_delta("re we go. And", 2))
+    s.delta(_delta(" more ", 6))
+    s.end()
+    got = [(g.text, g.unit_start, g.unit_end) for g in _segments(s)]
+    assert got == [("Hi.", 0, 0), ("There we go.", 1, 4), ("And more", 5, 6)]
+    t = _session()  # a starter ends at its first clause, not inside the word after it
+    t.delta(_delta("Well, the", 0))
+    t.delta(_delta("n we go ", 2))
+    assert [(g.text, g.unit_start, g.unit_end) for g in _segments(t)] == [("Well,", 0, 0)]
+    c = _session(starter_units=0)  # CJK punctuation needs no space after it
+    c.delta(_delta("你好。The", 0))
+    c.delta(_delta("re ", c.next_unit))
+    c.end()
+    assert [g.text for g in _segments(c)] == ["你好。", "There"]
+    w = _session(starter_units=0)  # a delta that ends between words is cut whole, as before
+    w.delta(_delta("Hi. How ", 0))
+    assert [(g.text, g.unit_start, g.unit_end) for g in _segments(w)] == [("Hi. How", 0, 1)]

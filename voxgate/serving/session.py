@@ -33,6 +33,18 @@ def _word_boundary(before: str, after: str) -> bool:
     return before.isspace() or after[:1].isspace() or any(c and is_cjk_char(c) for c in (before, after))
 
 
+def _cut_point(text: str, after: int) -> int:
+    """Where a segment cut by a sentence or clause end that closes at `after` may fall in a
+    delta: its end, unless words follow and the delta ends inside one (the next delta may go on
+    with it): then before that word, at the last space (or right after the mark, which may be
+    CJK punctuation with no space after it)."""
+    tail = text[after:]
+    if not tail.strip() or _word_boundary(text[-1:], ""):
+        return len(text)
+    space = max(i for i, c in enumerate(tail) if c.isspace()) if any(c.isspace() for c in tail) else -1
+    return after + space + 1
+
+
 def count_units(text: str, mode: str) -> int:
     """Units in `text`: `voxgate.text` units ("words": CJK characters and other words, as the
     engines and the load tool count them), or non-space characters ("chars")."""
@@ -126,19 +138,35 @@ class Session:
             self.flush(now)  # no segment grows past the text limit (HTTP's, for one request)
         elif self._full() and _word_boundary(self._pending[-1][-1], text[:1]) and self.config.segments == "auto":
             self.flush(now)  # full, and this delta starts a new word: the cut the last delta could not make
+        if self.config.segments == "utterance":
+            self._add(text, units)
+            return  # spoken whole at text.end (or text.flush): no cut of its own
+        # A blank delta is kept as at most a space, so its line break is looked for in what was sent.
+        ends = [m.end() for m in _SENTENCE_END.finditer(text)] if text.strip() else [0] * ("\n" in msg.text)
+        if self.config.starter_units > 0 and self._segments_made == self._schedule_from:
+            ends += [m.end() for m in _CLAUSE_END.finditer(text)]  # a starter ends at its first clause
+        if ends:  # cut at the delta's end, or before the word it ends inside ("Hi. The" + "re")
+            at = _cut_point(text, max(ends))
+            head, rest = text[:at], text[at:]
+            rest_units = count_units(rest, self.config.units)
+            if count_units(head, self.config.units) + rest_units != units:  # never number units otherwise
+                head, rest, rest_units = text, "", 0
+            self._add(head, units - rest_units)
+            self.flush(now)
+            self._add(rest, rest_units)
+            return
+        self._add(text, units)
+        if self._full() and _word_boundary(text[-1:], ""):
+            self.flush(now)
+
+    def _add(self, text: str, units: int) -> None:
+        """Text (and its units) joins the pending segment."""
         if not self._pending:
             self._pending_start = self.next_unit
         if text:
             self._pending.append(text)
             self._pending_chars += len(text)
         self.next_unit += units
-        if self.config.segments == "utterance":
-            return  # spoken whole at text.end (or text.flush): no cut of its own
-        # A blank delta is kept as at most a space, so its line break is looked for in what was sent.
-        ends = _SENTENCE_END.search(text) if text.strip() else "\n" in msg.text
-        starter = self.config.starter_units > 0 and self._segments_made == self._schedule_from
-        if ends or (starter and _CLAUSE_END.search(text)) or (self._full() and _word_boundary(text[-1:], "")):
-            self.flush(now)
 
     def _full(self) -> bool:
         return bool(self._pending) and self.next_unit - self._pending_start >= self._limit()
