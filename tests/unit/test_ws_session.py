@@ -473,3 +473,27 @@ def test_a_sentence_or_clause_cut_inside_a_delta_leaves_the_word_it_ends_inside_
     w = _session(starter_units=0)  # a delta that ends between words is cut whole, as before
     w.delta(_delta("Hi. How ", 0))
     assert [(g.text, g.unit_start, g.unit_end) for g in _segments(w)] == [("Hi. How", 0, 1)]
+
+
+def test_a_full_stop_at_a_delta_s_end_waits_for_the_next_delta_to_say_whether_a_sentence_ended():
+    s = _session(starter_units=0)
+    for i, token in enumerate(["It", " costs", " 3", ".", "50", " now", ".", " Then"]):
+        s.delta(_delta(token, s.next_unit))
+        if token == ".":
+            assert s.take_segment() is None  # "3." may be "3.50"
+    got = [g.text for g in _segments(s)]
+    assert got == ["It costs 3.50 now."]  # cut when " Then" began a word, not inside the number
+    s.delta(_delta(" at 10:", s.next_unit))
+    s.delta(_delta("30:", s.next_unit))
+    assert s.take_segment() is None
+    s.delta(_delta("\n", s.next_unit))  # a line break (or a space) after it: the end it was
+    assert [g.text for g in _segments(s)] == ["Then at 10:30:"]
+    t = _session(starter_units=0)
+    t.delta(_delta("Done.", 0))
+    t.delta(_delta("你好", 1))  # a CJK character starts a word too
+    assert [g.text for g in _segments(t)] == ["Done."]
+    u = _session(starter_units=0)
+    u.delta(_delta("One. Two.", 0))  # the first end is certain, the last waits
+    assert [g.text for g in _segments(u)] == ["One."]
+    u.end()
+    assert [g.text for g in _segments(u)] == ["Two."]

@@ -23,6 +23,7 @@ from voxgate.text import count_units as text_units
 from voxgate.types import VoxgateError
 
 _SENTENCE_END = re.compile(r"[.!?;:](?=\s|$)|[。！？；\n]")
+_OPEN_END = ".:"  # at a delta's very end, not yet a sentence end: "3." + "50", "10:" + "30"
 _CLAUSE_END = re.compile(r"[,—](?=\s)|[，、]")  # a comma cuts only with the space after it: "1," + "000"
 
 
@@ -109,6 +110,7 @@ class Session:
     _queued_chars: int = 0  # text in _queue
     _segments_made: int = 0  # segments of the open utterance so far (the starter policy)
     _schedule_from: int = 0  # segments made when the size schedule last started (0, or a starved listener)
+    _open_end: bool = False  # the last delta ended in "." or ":": a sentence end if the next one starts a word
     _inflight: Segment | None = None
     _log: list[Entry] = field(default_factory=list)
     _cursor: int = 0  # index into _log of the next entry to send
@@ -138,11 +140,17 @@ class Session:
             self.flush(now)  # no segment grows past the text limit (HTTP's, for one request)
         elif self._full() and _word_boundary(self._pending[-1][-1], text[:1]) and self.config.segments == "auto":
             self.flush(now)  # full, and this delta starts a new word: the cut the last delta could not make
+        elif self._open_end and _word_boundary("", text[:1]) and self.config.segments == "auto":
+            self.flush(now)  # "Hello." then " How": the sentence end the last delta could not be sure of
+        self._open_end = False
         if self.config.segments == "utterance":
             self._add(text, units)
             return  # spoken whole at text.end (or text.flush): no cut of its own
         # A blank delta is kept as at most a space, so its line break is looked for in what was sent.
         ends = [m.end() for m in _SENTENCE_END.finditer(text)] if text.strip() else [0] * ("\n" in msg.text)
+        open_end = bool(ends) and text[-1:] in tuple(_OPEN_END) and ends[-1] == len(text)
+        if open_end:
+            ends.pop()  # wait for the next delta, the idle flush or text.end to say what it was
         if self.config.starter_units > 0 and self._segments_made == self._schedule_from:
             ends += [m.end() for m in _CLAUSE_END.finditer(text)]  # a starter ends at its first clause
         if ends:  # cut at the delta's end, or before the word it ends inside ("Hi. The" + "re")
@@ -154,10 +162,11 @@ class Session:
             self._add(head, units - rest_units)
             self.flush(now)
             self._add(rest, rest_units)
-            return
-        self._add(text, units)
-        if self._full() and _word_boundary(text[-1:], ""):
-            self.flush(now)
+        else:
+            self._add(text, units)
+            if self._full() and _word_boundary(text[-1:], ""):
+                self.flush(now)
+        self._open_end = open_end and bool(self._pending)
 
     def _add(self, text: str, units: int) -> None:
         """Text (and its units) joins the pending segment."""
@@ -214,6 +223,7 @@ class Session:
         self._pending.clear()
         self._pending_chars = 0
         self._pending_start = self.next_unit
+        self._open_end = False
 
     def starved(self, now: float) -> None:
         """The listener has heard everything and has nothing more coming (no segment queued or
