@@ -477,7 +477,7 @@ def test_a_sentence_or_clause_cut_inside_a_delta_leaves_the_word_it_ends_inside_
 
 def test_a_full_stop_at_a_delta_s_end_waits_for_the_next_delta_to_say_whether_a_sentence_ended():
     s = _session(starter_units=0)
-    for i, token in enumerate(["It", " costs", " 3", ".", "50", " now", ".", " Then"]):
+    for token in ["It", " costs", " 3", ".", "50", " now", ".", " Then"]:
         s.delta(_delta(token, s.next_unit))
         if token == ".":
             assert s.take_segment() is None  # "3." may be "3.50"
