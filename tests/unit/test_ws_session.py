@@ -497,3 +497,26 @@ def test_a_full_stop_at_a_delta_s_end_waits_for_the_next_delta_to_say_whether_a_
     assert [g.text for g in _segments(u)] == ["One."]
     u.end()
     assert [g.text for g in _segments(u)] == ["Two."]
+
+
+def _cut_texts(deltas: list[str], end: bool = True) -> list[str]:
+    s = _session(starter_units=0)
+    for d in deltas:
+        s.delta(_delta(d, s.next_unit))
+    if end:
+        s.end()
+    return [g.text for g in _segments(s)]
+
+
+def test_an_abbreviation_s_full_stop_ends_no_segment_however_the_deltas_fall():
+    # In one delta, and split at every place an LLM's tokens may split it: never "Dr." | "Lee".
+    for deltas in (["Ask Dr. Lee now. Then go."], ["Ask Dr", ".", " Lee now.", " Then go."],
+                   ["Ask Dr.", " ", "Lee now. ", "Then go."], ["Ask Dr. ", "Lee now. Then go."]):  # fmt: skip
+        assert _cut_texts(deltas) == ["Ask Dr. Lee now.", "Then go."], deltas
+    assert _cut_texts(["Use a tool, e.g. ", "the saw. ", "Done."]) == ["Use a tool, e.g. the saw.", "Done."]
+    assert _cut_texts(["It is big. ", "Very big."]) == ["It is big.", "Very big."]  # no abbreviation: cut at once
+    s = _session(starter_units=0)
+    s.delta(_delta("See Dr. ", 0))
+    assert s.take_segment() is None  # "Dr. " waits for the next word
+    s.delta(_delta("\n", s.next_unit))  # a line break ends it whatever came before
+    assert [g.text for g in _segments(s)] == ["See Dr."]

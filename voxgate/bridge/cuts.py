@@ -719,7 +719,7 @@ def classify(text: str, i: int, end: int) -> Gap | None:
             return None if _date_comma(text, word_start, core, after) else Gap.CLAUSE
         if core[-1] != "." or core.endswith(".."):
             return Gap.SENTENCE
-        if _abbreviation_holds(core, after) or _citation(core, text, end):
+        if abbreviation_holds(core, after) or _citation(core, text, end):
             return None
         return Gap.SENTENCE
     if core in _DASHES:
@@ -825,10 +825,10 @@ def _citation(core: str, text: str, end: int, maybe: bool = False) -> bool:
     return text[end + 1 : end + 2] == "." or (maybe and end + 1 >= len(text))
 
 
-def _abbreviation_holds(core: str, after: str) -> bool:
+def abbreviation_holds(core: str, after: str) -> bool:
     """Whether "word." before `after` is an abbreviation that keeps the next word with it.
     When unsure it holds: a missed sentence end only makes a segment longer; a wrong one is
-    a pause a listener hears."""
+    a pause a listener hears. (The WebSocket gateway's session asks it too.)"""
     found = _TAIL_WORD.search(core[:-1])
     if found is None:
         return False

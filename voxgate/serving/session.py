@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from voxgate.bridge.cuts import abbreviation_holds
 from voxgate.serving.wsproto import ProtocolError, SessionStart, TextDelta
 from voxgate.text import check_characters, is_cjk_char
 from voxgate.text import count_units as text_units
@@ -24,6 +25,7 @@ from voxgate.types import VoxgateError
 
 _SENTENCE_END = re.compile(r"[.!?;:](?=\s|$)|[。！？；\n]")
 _OPEN_END = ".:"  # at a delta's very end, not yet a sentence end: "3." + "50", "10:" + "30"
+_CORE_CHARS = 48  # text before a full stop that decides an abbreviation (its word, and a bit more)
 _CLAUSE_END = re.compile(r"[,—](?=\s)|[，、]")  # a comma cuts only with the space after it: "1," + "000"
 
 
@@ -37,13 +39,12 @@ def _word_boundary(before: str, after: str) -> bool:
 def _cut_point(text: str, after: int) -> int:
     """Where a segment cut by a sentence or clause end that closes at `after` may fall in a
     delta: its end, unless words follow and the delta ends inside one (the next delta may go on
-    with it): then before that word, at the last space (or right after the mark, which may be
-    CJK punctuation with no space after it)."""
+    with it, or it ends at a mark the next delta decides): then at the mark and the spaces after
+    it, and the words after it open the next segment."""
     tail = text[after:]
     if not tail.strip() or _word_boundary(text[-1:], ""):
         return len(text)
-    space = max(i for i, c in enumerate(tail) if c.isspace()) if any(c.isspace() for c in tail) else -1
-    return after + space + 1
+    return after + len(tail) - len(tail.lstrip())
 
 
 def count_units(text: str, mode: str) -> int:
@@ -110,7 +111,10 @@ class Session:
     _queued_chars: int = 0  # text in _queue
     _segments_made: int = 0  # segments of the open utterance so far (the starter policy)
     _schedule_from: int = 0  # segments made when the size schedule last started (0, or a starved listener)
-    _open_end: bool = False  # the last delta ended in "." or ":": a sentence end if the next one starts a word
+    # The last delta ended at a "." or ":" (and maybe spaces) the next delta decides: the text up to
+    # the mark, and whether a space followed it ("3." + "50" goes on; "Dr. " + "Lee" holds).
+    _open_core: str | None = None
+    _open_spaced: bool = False
     _inflight: Segment | None = None
     _log: list[Entry] = field(default_factory=list)
     _cursor: int = 0  # index into _log of the next entry to send
@@ -140,17 +144,16 @@ class Session:
             self.flush(now)  # no segment grows past the text limit (HTTP's, for one request)
         elif self._full() and _word_boundary(self._pending[-1][-1], text[:1]) and self.config.segments == "auto":
             self.flush(now)  # full, and this delta starts a new word: the cut the last delta could not make
-        elif self._open_end and _word_boundary("", text[:1]) and self.config.segments == "auto":
+        carried = self._open_core is not None and not text.strip()
+        if self._open_core is not None and not carried and self.config.segments == "auto" and self._open_end_cuts(text):
             self.flush(now)  # "Hello." then " How": the sentence end the last delta could not be sure of
-        self._open_end = False
+        if not carried:
+            self._open_core = None
         if self.config.segments == "utterance":
             self._add(text, units)
             return  # spoken whole at text.end (or text.flush): no cut of its own
         # A blank delta is kept as at most a space, so its line break is looked for in what was sent.
-        ends = [m.end() for m in _SENTENCE_END.finditer(text)] if text.strip() else [0] * ("\n" in msg.text)
-        open_end = bool(ends) and text[-1:] in tuple(_OPEN_END) and ends[-1] == len(text)
-        if open_end:
-            ends.pop()  # wait for the next delta, the idle flush or text.end to say what it was
+        ends, open_core = self._sentence_ends(text) if text.strip() else ([0] * ("\n" in msg.text), None)
         if self.config.starter_units > 0 and self._segments_made == self._schedule_from:
             ends += [m.end() for m in _CLAUSE_END.finditer(text)]  # a starter ends at its first clause
         if ends:  # cut at the delta's end, or before the word it ends inside ("Hi. The" + "re")
@@ -166,7 +169,44 @@ class Session:
             self._add(text, units)
             if self._full() and _word_boundary(text[-1:], ""):
                 self.flush(now)
-        self._open_end = open_end and bool(self._pending)
+        if open_core is not None:
+            self._open_core, self._open_spaced = open_core, not text.endswith(open_core[-1:])
+        elif carried and self._pending:
+            self._open_spaced = True  # the blank delta was the space after the mark
+        else:
+            self._open_core = None
+        if not self._pending:
+            self._open_core = None
+
+    def _sentence_ends(self, text: str) -> tuple[list[int], str | None]:
+        """Where sentences end in a delta, and the text up to a mark at its end that the next
+        delta decides (None: none). A full stop after an abbreviation is no end ("Dr. Lee", "e.g.
+        the"; `cuts.abbreviation_holds`, the bridge's rule); a "." or ":" with nothing after it in
+        this delta waits: at the very end ("3." + "50"), or before spaces where an abbreviation
+        could hold ("Dr. " + "Lee")."""
+        ends: list[int] = []
+        open_core = None
+        before = "".join(self._pending)[-_CORE_CHARS:]
+        for m in _SENTENCE_END.finditer(text):
+            mark, after = text[m.start()], text[m.end() :].lstrip()
+            core = before + text[: m.end()]
+            if mark in _OPEN_END and not after:
+                if m.end() == len(text) or (mark == "." and any(abbreviation_holds(core, c) for c in "aA1")):
+                    open_core = core
+                    continue
+            elif mark == "." and after and abbreviation_holds(core, after[0]):
+                continue
+            ends.append(m.end())
+        return ends, open_core
+
+    def _open_end_cuts(self, text: str) -> bool:
+        """Whether the mark the last delta ended at ends a sentence, now that `text` follows it:
+        when a space (before or at this delta's start) or a CJK character parts the two, and the
+        word before a full stop is no abbreviation that keeps the next word with it."""
+        core = self._open_core or ""
+        first = text.lstrip()[:1]
+        parted = self._open_spaced or text[:1].isspace() or is_cjk_char(first)
+        return parted and not (core.endswith(".") and abbreviation_holds(core, first))
 
     def _add(self, text: str, units: int) -> None:
         """Text (and its units) joins the pending segment."""
@@ -223,7 +263,7 @@ class Session:
         self._pending.clear()
         self._pending_chars = 0
         self._pending_start = self.next_unit
-        self._open_end = False
+        self._open_core = None
 
     def starved(self, now: float) -> None:
         """The listener has heard everything and has nothing more coming (no segment queued or
