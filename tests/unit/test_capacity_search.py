@@ -18,6 +18,7 @@ def report(n: int, *, underruns: int = 0, p95: float | None = 400.0, refused: in
         "sessions": n, "sessions_ok": n - refused,
         "units": {"sent": 10 * n, "received": 10 * n, "missing": 0, "duplicate": 0, "mismatched": 0, "cancelled": 0},
         "underruns": {"count": underruns, "total_ms": 80.0 * underruns,
+                      "after_text_wait": {"count": 0, "total_ms": 0.0},
                       "events": [{"session": i, "ms": 80.0, "at_s": 1.0 + i} for i in range(underruns)]},
         "ttfa_ms": {"all": {"p95": p95}}, "gateway_ttfa_ms": {"all": {"p95": 50.0}},
         "unit_latency_ms": {"all": {"p95": 900.0}}, "errors": {"other": {"busy": refused} if refused else {}},

@@ -39,7 +39,7 @@ def judge(
     refused = dict(results["errors"]["other"])
     why = []
     if x["count"] and x["total_ms"] > underrun_ms_max:
-        waited = x.get("after_text_wait", {}).get("count", 0)
+        waited = x["after_text_wait"]["count"]
         why.append(f"{x['count']} underruns ({x['total_ms']} ms; {waited} after the listener waited for text)")
     if p95 is None or p95 > ttfa_bound_ms:
         why.append(f"first audio p95 {p95} ms > {ttfa_bound_ms:g}")

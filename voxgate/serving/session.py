@@ -185,10 +185,11 @@ class Session:
         this delta waits: at the very end ("3." + "50"), or before spaces where an abbreviation
         could hold ("Dr. " + "Lee")."""
         ends: list[int] = []
-        open_core = None
-        before = "".join(self._pending)[-_CORE_CHARS:]
+        open_core = before = None
         for m in _SENTENCE_END.finditer(text):
             mark, after = text[m.start()], text[m.end() :].lstrip()
+            if before is None:  # the pending text's tail, joined only for a delta with a mark in it
+                before = "".join(self._pending[-_CORE_CHARS:])[-_CORE_CHARS:]
             core = before + text[: m.end()]
             if mark in _OPEN_END and not after:
                 if m.end() == len(text) or (mark == "." and any(abbreviation_holds(core, c) for c in "aA1")):
