@@ -4,9 +4,9 @@
 # each), each timed by `voxgate bench http --url` through its front door: one stream's TTFA (the
 # Ray hop: (2) against (1)) and a burst of PER_REPLICA concurrent streams per replica, as
 # throughput (audio-s/s: (3) against (2)).
-# Wheels: .gpu/ (bench/gpu_bundle.sh) and RAY1, RAY2 (bench/gpu_bundle_ray.sh's .gpu-ray1/2, carried
-# by earlier calls on the same machine and kept outside the tree, e.g. in /tmp/carry).
-# Usage: RAY1=/tmp/carry/.gpu-ray1 RAY2=/tmp/carry/.gpu-ray2 sh bench/gpu_ray.sh [seed] [model]
+# Wheels: .gpu/ (bench/gpu_bundle.sh) and RAY_DIR's .gpu-ray1..3 (bench/gpu_bundle_ray.sh's, carried
+# by earlier calls on the same machine and copied outside the tree, default /tmp/carry).
+# Usage: sh bench/gpu_ray.sh [seed] [model]
 # Environment: RES (default: packed into $OUT/results-TAG.tgz), PER_REPLICA (64), N (sequential requests, 32), RUNS ("plain 1 2":
 # which of the three; "hap1 hap2" are 1 and 2 replicas behind Ray's HAProxy ingress instead of its
 # proxy, deployment.haproxy_ingress).
@@ -20,8 +20,10 @@ N=${N:-32}
 gpu_setup || exit 1
 RUNS=${RUNS:-plain 1 2}
 if ! python3 -c "import ray" 2>/dev/null; then
-    cat "$RAY1"/ray.part.* "$RAY2"/ray.part.* > "/tmp/$(cat "$RAY1"/ray.name)"
-    python3 -m pip install -q --no-index --no-deps "$RAY1"/*.whl "$RAY2"/*.whl "/tmp/$(cat "$RAY1"/ray.name)" 2>&1 | tail -2
+    RAY_DIR=${RAY_DIR:-/tmp/carry}
+    cat "$RAY_DIR"/.gpu-ray*/ray.part.* > "/tmp/$(cat "$RAY_DIR"/.gpu-ray1/ray.name)"
+    python3 -m pip install -q --no-index --no-deps "$RAY_DIR"/.gpu-ray*/*.whl \
+        "/tmp/$(cat "$RAY_DIR"/.gpu-ray1/ray.name)" 2>&1 | tail -2
 fi
 python3 -c "import ray; print('ray', ray.__version__)" | tee -a $RES/machine.txt
 export VOXGATE_QWEN3_MODEL_DIR=/tmp/ckpt-$TAG-$SEED VOXGATE_QWEN3_DEVICE=cuda VOXGATE_QWEN3_DTYPE=bfloat16 \
@@ -39,9 +41,13 @@ sys.exit(0 if sum(r['ready'] for r in body['replicas'].values()) >= $1 else 1)" 
     done
     echo "cluster not ready after 600 s"; return 1
 }
-bench() {  # name concurrency
+bench() {  # name concurrency (the GPUs sampled every 200 ms meanwhile: both busy in a 2-replica burst?)
+    nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv -lms 200 \
+        > $RES/smi-$TAG-$1.csv 2>/dev/null &
+    SMI=$!
     python3 -m voxgate bench http --engines qwen3 --url http://127.0.0.1:8765 --admin-key bench-admin --n $N \
         --warmup 4 --concurrency $2 --output-json $RES/ray-$TAG-$1.json > $RES/ray-$TAG-$1.txt 2>&1
+    kill $SMI 2>/dev/null
     echo "== $1"; grep -E "^\| qwen3" $RES/ray-$TAG-$1.txt || tail -20 $RES/ray-$TAG-$1.txt
 }
 if echo "$RUNS" | grep -qw plain; then
@@ -72,7 +78,9 @@ for name in ("plain", "ray1", "ray2", "hap1", "hap2"):
         runs[name] = {"one_stream_client_ttfa_p50_ms": series["ten_words"]["client_ttfa_ms"]["p50"],
                       "one_stream_server_ttfa_p50_ms": series["ten_words"]["server_ttfa_ms"]["p50"],
                       "burst_streams": burst["concurrency"], "burst_audio_s_per_s": burst["audio_s_per_s"],
-                      "burst_client_ttfa_p50_ms": burst["client_ttfa_ms"]["p50"]}
+                      "burst_client_ttfa_p50_ms": burst["client_ttfa_ms"]["p50"],
+                      "burst_stream_total_ms_p50_max": [burst.get("client_total_ms", {}).get(k) for k in ("p50", "max")],
+                      "burst_wall_s": burst["wall_s"], "burst_client_procs": burst.get("client_procs")}
 def ratio(a, b, key="burst_audio_s_per_s"):
     return round(runs[a][key] / runs[b][key], 3) if a in runs and b in runs and runs[b][key] else None
 summary = {

@@ -67,13 +67,17 @@ def test_bench_http_times_a_server_already_running(tmp_path):
     with ServerProcess("tone") as server:
         key = server.env["VOXGATE_ADMIN_KEYS"].split(",")[0]
         result = voxgate("bench", "http", "--engines", "tone", "--url", server.url, "--admin-key", key, "--n", "2",
-                         "--warmup", "0", "--concurrency", "2", "--output-json", str(out))  # fmt: skip
+                         "--warmup", "0", "--concurrency", "4", "--client-procs", "2",
+                         "--output-json", str(out))  # fmt: skip
     assert result.returncode == 0, result.stderr + result.stdout
     report = json.loads(out.read_text())
     tone = report["results"]["tone"]
     assert "startup_s" not in tone and f"--url {server.url}" in report["command"]
     assert tone["ten_words"]["client_ttfa_ms"]["n"] == tone["ten_words"]["server_ttfa_ms"]["n"] == 2
-    assert tone["concurrent_2"]["audio_s_per_s"] > 0
+    burst = tone["concurrent_4"]  # two client processes of two streams: every stream once, the server's too
+    assert burst["client_procs"] == 2 and burst["client_ttfa_ms"]["n"] == burst["server_ttfa_ms"]["n"] == 4
+    assert burst["wall_s"] * 1000 >= burst["client_total_ms"]["max"] - 1  # the wall spans every stream
+    assert burst["audio_s_per_s"] > 0
     two = voxgate("bench", "http", "--engines", "tone,piper", "--url", server.url)
     assert two.returncode != 0 and "one running server" in two.stderr
 
