@@ -9,7 +9,7 @@
 # Usage: sh bench/gpu_ray.sh [seed] [model]
 # Environment: RES (default: packed into $OUT/results-TAG.tgz), PER_REPLICA (64), N (sequential requests, 32), RUNS ("plain 1 2":
 # which of the three; "hap1 hap2" are 1 and 2 replicas behind Ray's HAProxy ingress instead of its
-# proxy, deployment.haproxy_ingress).
+# proxy: `voxgate serve --ingress haproxy`).
 # Then $RES/ray-$TAG-summary.json: the Ray hop (one stream's client TTFA p50 through Ray minus one
 # process's) and the aggregate: the 2-replica burst's throughput (2 x PER_REPLICA streams) over one
 # replica's (PER_REPLICA) and over one process's (target >= 1.9), from the runs present.
@@ -59,7 +59,8 @@ fi
 for RUN in $(echo "$RUNS" | sed 's/plain//'); do  # 1, 2: Ray's proxy; hap1, hap2: Ray's HAProxy ingress
     R=${RUN#hap}; NAME=ray$RUN; HAP=0
     [ "$RUN" = "$R" ] || { NAME=hap$R; HAP=1; }
-    RAY_SERVE_ENABLE_HA_PROXY=$HAP python3 -m voxgate serve --replicas $R > $RES/serve-$TAG-$NAME.log 2>&1 &
+    INGRESS=proxy; [ $HAP = 1 ] && INGRESS=haproxy
+    python3 -m voxgate serve --replicas $R --ingress $INGRESS > $RES/serve-$TAG-$NAME.log 2>&1 &
     SERVER=$!
     wait_cluster $R $SERVER $RES/serve-$TAG-$NAME.log && bench $NAME $((R * PER_REPLICA))
     curl -s localhost:8765/cluster/metrics | grep -E "^voxgate_(engine_streams_total|cluster)" > $RES/ray-$TAG-$NAME-metrics.txt

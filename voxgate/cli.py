@@ -52,7 +52,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.replicas:
         from voxgate.cluster.local import run_local
 
-        return run_local(settings, args.replicas, args.max_replicas, args.ray_cpus)
+        return run_local(settings, args.replicas, args.max_replicas, args.ray_cpus, args.ingress)
     fatal: list[str] = []
 
     def on_fatal(reason: str) -> None:
@@ -269,6 +269,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--replicas", type=int, help="run N replicas on a local Ray Serve (needs voxgate[ray])")
     serve.add_argument("--max-replicas", type=int, help="with --replicas: autoscale up to this many on active streams")
     serve.add_argument("--ray-cpus", type=int, help="with --replicas: CPUs the local Ray may use (default: all)")
+    serve.add_argument(
+        "--ingress",
+        choices=("proxy", "haproxy"),
+        default=None,
+        help="with --replicas: Ray's proxy (default: routes by ?session= or the X-Voxgate-Session header, "
+        "key-less requests to the less loaded replica) or Ray's HAProxy ingress (about 8 ms less first audio "
+        "and no throughput lost on a GPU; routes by ?session= only). RAY_SERVE_ENABLE_HA_PROXY=1 also picks haproxy",
+    )
     serve.set_defaults(func=cmd_serve)
 
     say = sub.add_parser("say", help="synthesise text to a WAV file")

@@ -7,15 +7,10 @@ Waits are on events and states, with generous timeouts."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import signal
-import subprocess
-import sys
-import threading
 import time
-from collections import deque
 from collections.abc import Iterator
 
 import httpx
@@ -23,86 +18,30 @@ import pytest
 import websockets
 
 from tests.conftest import wait_for
+from tests.integration.raycluster import (
+    RayServer,
+    keys_by_replica,
+    ready_replicas,
+    resume_on_its_replica,
+    sigterm_drains_every_session,
+    started,
+)
 from tests.integration.wsclient import Client
 
 pytest.importorskip("ray.serve")
 
-START_S = 240.0
-
-
-class RayServer:
-    """`voxgate serve --replicas 2` in its own process group (Ray's processes join it)."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        inherited = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}
-        env = {**inherited, "VOXGATE_ENGINE": "tone", "VOXGATE_LLM_EMBEDDED": "false", "VOXGATE_PORT": "0",
-               **{f"VOXGATE_{k}": v for k, v in env.items()}}  # fmt: skip
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "voxgate", "serve", "--replicas", "2", "--ray-cpus", "2"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        )  # fmt: skip
-        self.log: deque[str] = deque(maxlen=400)
-        self.url = ""
-        found = threading.Event()
-        threading.Thread(target=self._pump, args=(found,), daemon=True).start()
-        if not found.wait(START_S):
-            self.stop()
-            raise AssertionError("ray serve did not start:\n" + "\n".join(self.log))
-
-    def _pump(self, found: threading.Event) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.log.append(line.rstrip())
-            match = re.search(r"serving on (http://\S+)", line)
-            if match:
-                self.url = match.group(1)
-                found.set()
-
-    def ws(self, key: str | None) -> str:
-        return self.url.replace("http://", "ws://") + "/v1/tts/ws" + (f"?session={key}" if key else "")
-
-    def replica_of(self, key: str) -> dict:
-        return httpx.get(f"{self.url}/cluster/replica", params={"session": key}, timeout=30).json()
-
-    def readyz(self) -> dict:
-        return httpx.get(f"{self.url}/cluster/readyz", timeout=30).json()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(90)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # whatever of Ray is left
-        self.proc.wait()
-
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RayServer]:
-    server = RayServer({"TONE_DELAY_MS": "5", "DRAIN_S": "3"})
+    server = started(RayServer({"TONE_DELAY_MS": "5", "DRAIN_S": "3"}, ("--ingress", "proxy")))
     try:
-        assert wait_for(lambda: _ready_replicas(server) == 2, timeout=START_S), "\n".join(server.log)
         yield server
     finally:
         server.stop()
 
 
-def _ready_replicas(server: RayServer) -> int:
-    with contextlib.suppress(httpx.HTTPError, ValueError):
-        return sum(r["ready"] for r in server.readyz()["replicas"].values())
-    return 0
-
-
-def _keys_by_replica(server: RayServer, count: int = 30) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for i in range(count):
-        key = f"key-{i}"
-        out.setdefault(server.replica_of(key)["replica"], []).append(key)
-    return out
-
-
 def test_a_session_key_always_reaches_the_same_replica_and_keys_spread_over_both(cluster):
-    keys = _keys_by_replica(cluster)
+    keys = keys_by_replica(cluster)
     assert len(keys) == 2  # 30 keys on one replica of two: p = 2**-29
     for replica, some in keys.items():
         for key in some[:5]:
@@ -111,32 +50,7 @@ def test_a_session_key_always_reaches_the_same_replica_and_keys_spread_over_both
 
 
 def test_a_session_resumes_through_ray_on_its_replica(cluster):
-    async def run() -> None:
-        first = await websockets.connect(cluster.ws("resume-me"))
-        c = Client(first)
-        started = await c.start(max_pending_units=2)
-        assert started["session_id"] == "resume-me"
-        await c.words("a b c d e f")
-        await c.until("units.done")
-        first.transport.abort()  # a network drop
-        last = c.of("units.done")[-1]["unit_end"]
-        async with websockets.connect(cluster.ws("resume-me")) as second:
-            r = Client(second)
-            resume = {
-                "session_id": "resume-me",
-                "resume_token": started["resume_token"],
-                "last_unit_index_received": last,
-            }
-            resumed = await r.start(resume=resume)
-            assert resumed["type"] == "session.started" and resumed["resumed"]
-            await r.send(type="session.end")
-            await r.until("session.done")
-        covered = {
-            u for m in c.of("units.done") + r.of("units.done") for u in range(m["unit_start"], m["unit_end"] + 1)
-        }
-        assert covered == set(range(6))
-
-    asyncio.run(run())
+    resume_on_its_replica(cluster, "resume-me")
 
 
 def test_sessions_without_a_key_go_to_the_less_loaded_replica(cluster):
@@ -164,7 +78,7 @@ def test_sessions_without_a_key_go_to_the_less_loaded_replica(cluster):
 
 
 def test_readiness_and_metrics_add_up_across_replicas(cluster):
-    keys = _keys_by_replica(cluster)
+    keys = keys_by_replica(cluster)
     for some in keys.values():
         for key in some[:3]:
             reply = httpx.post(
@@ -185,7 +99,7 @@ def test_readiness_and_metrics_add_up_across_replicas(cluster):
 
 
 def test_killing_one_replica_ends_only_its_sessions_and_theirs_cannot_resume(cluster):
-    keys = _keys_by_replica(cluster)
+    keys = keys_by_replica(cluster)
     (_, doomed_keys), (kept, kept_keys) = list(keys.items())
     pid = cluster.replica_of(doomed_keys[0])["pid"]
 
@@ -236,23 +150,8 @@ def test_killing_one_replica_ends_only_its_sessions_and_theirs_cannot_resume(clu
 
     asyncio.run(run())
     assert kept in cluster.readyz()["replicas"]
-    assert wait_for(lambda: _ready_replicas(cluster) == 2, timeout=180)  # Ray replaced the dead one
+    assert wait_for(lambda: ready_replicas(cluster) == 2, timeout=180)  # Ray replaced the dead one
 
 
 def test_sigterm_drains_every_replica_and_tells_each_session(cluster):
-    async def run() -> None:
-        sockets = []
-        for key in ("drain-a", "drain-b", "drain-c", "drain-d"):
-            ws = await websockets.connect(cluster.ws(key))
-            c = Client(ws)
-            await c.start()
-            await c.words("an utterance that never ends")
-            await c.until("audio")
-            sockets.append(c)
-        cluster.proc.send_signal(signal.SIGTERM)
-        for c in sockets:
-            closing = await c.until("error", timeout=120)
-            assert closing["code"] == "server_draining" and closing["fatal"]
-
-    asyncio.run(run())
-    assert wait_for(lambda: cluster.proc.poll() is not None, timeout=120)
+    sigterm_drains_every_session(cluster)

@@ -122,13 +122,14 @@ def install_cluster_routes(app: FastAPI) -> None:
 
 
 def haproxy_ingress() -> bool:
-    """Ray's HAProxy ingress (`RAY_SERVE_ENABLE_HA_PROXY=1`, Ray >= 2.55): HAProxy forwards each
-    connection straight to a replica's own HTTP server, and no Ray proxy or actor call carries
-    the request, its body or its messages. On a 2-core CPU (tone, `bench/cpu_ray_hop.sh`) it
-    added 0.8 ms to one stream's first audio p50 against 6.5 ms through Ray's proxy, and a burst
-    of 64 kept 82 % of one process's throughput against 40 %. HAProxy then picks the replica:
-    `voxgate serve --replicas` has it hash `?session=` (`RAY_SERVE_HAPROXY_BALANCE_ALGORITHM`,
-    round robin without one); the `x-voxgate-session` header is not a key there."""
+    """Ray's HAProxy ingress (`voxgate serve --replicas N --ingress haproxy`, or
+    `RAY_SERVE_ENABLE_HA_PROXY=1`; Ray >= 2.55): HAProxy forwards each connection straight to a
+    replica's own HTTP server, and no Ray proxy or actor call carries the request, its body or its
+    messages. On 2 H200s (qwen3 0.6B, bench/gpu_ray.sh) one stream's first audio p50 was within
+    0.6 ms of one process's (8.3 ms more through Ray's proxy, the run before), a burst of 64 kept
+    one process's throughput and two replicas gave 2.3x one's. HAProxy then picks the replica:
+    `voxgate serve --replicas` has it hash `?session=` on a consistent hash (`local.py`, round
+    robin without one); the `x-voxgate-session` header is not a key there."""
     return os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
 
 
