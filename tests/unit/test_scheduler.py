@@ -128,6 +128,34 @@ def test_the_deadline_rule_holds_streams_far_ahead_only_while_another_is_due():
     assert s.plan().held == () and s.plan({"a": 9.0, "b": 0.0}, float("inf")).held == ()
 
 
+def test_a_stream_whose_reader_is_behind_is_held_and_counts_as_ahead():
+    s = Scheduler(max_running=8, max_prefills_per_step=8)
+    for name in "abcd":
+        s.add(name)
+    s.plan()  # a..d in rows 0..3
+    lead = 1.5
+    # Behind its reader: held with or without clocks, even when every other stream is ahead.
+    plan = s.plan(None, lead, stalled={"b"})
+    assert plan.held == (("b", 1),) and [i for i, _ in plan.decode] == ["a", "c", "d"]
+    plan = s.plan({"a": 9.0, "c": 9.0, "d": 9.0}, lead, stalled={"b"})
+    assert plan.held == (("b", 1),) and len(plan.decode) == 3  # the rest: spare capacity, all move
+    # It never counts as due: with it starved by its clock, the far streams are not held for it.
+    plan = s.plan({"a": 9.0, "b": 0.0, "c": 9.0, "d": 9.0}, lead, stalled={"b"})
+    assert plan.held == (("b", 1),)
+    # Beside a due stream, the far ones are held as before.
+    plan = s.plan({"a": 0.0, "b": 0.0, "c": 9.0, "d": 9.0}, lead, stalled={"b"})
+    assert [i for i, _ in plan.decode] == ["a"] and plan.held == (("b", 1), ("c", 2), ("d", 3))
+    # All behind: nothing moves this step.
+    plan = s.plan(None, lead, stalled=set("abcd"))
+    assert plan.decode == () and plan.bucket == 0
+    # A stream waiting for a row: nobody is held, behind or not (running on frees a row sooner).
+    small = Scheduler(max_running=1, max_prefills_per_step=1)
+    small.add("x")
+    small.add("y")
+    small.plan()
+    assert small.plan(None, lead, stalled={"x"}).held == () and small.waiting == 1
+
+
 def test_nobody_is_held_while_streams_wait_for_a_row():
     s = Scheduler(max_running=2, max_prefills_per_step=2)
     for name in "abc":

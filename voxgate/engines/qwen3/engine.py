@@ -155,7 +155,8 @@ class Qwen3Engine(Engine):
             load = {"steps": float(run.steps), "admitted": float(run.admitted), "finished": float(run.finished),
                     "cancelled": float(run.cancelled), "failed": float(run.failed),
                     "queue_seconds": run.queue_seconds, "stream_steps": float(run.rows_stepped),
-                    "stream_steps_held": float(run.rows_held)}  # fmt: skip
+                    "stream_steps_held": float(run.rows_held),
+                    "stream_steps_reader_behind": float(run.rows_stalled)}  # fmt: skip
         if self.eager_reason is not None:
             fallbacks[f"no_graphs_{self.eager_reason}"] = float(self._streams_served)
         return {"graph_replays": replays, "eager_fallbacks": fallbacks, "streams": load, "streams_now": now}

@@ -17,7 +17,14 @@ runner has made, so audio stuck behind a busy event loop does not count); a job 
 `play_at` (or its first frame, if later). Before each step the runner gives the scheduler every
 job's lead, and a job more than `lead_s` ahead is held while others are due (`scheduler.py`'s
 deadline rule; `batch.py` keeps a held row's state exactly). Jobs without `play_at` (a whole
-file, a benchmark) are never held.
+file, a benchmark) are never held by that rule.
+
+Readers behind: a job whose reader has `backlog_s` of frames it has not taken (a client that
+stopped reading, a transport pacing its sends, a benchmark's slow client) is held, played in
+real time or not, unless streams wait for a row (then it runs on, to free its row), and moves
+again once its reader takes a frame. Frames made and not taken are bounded that way, and such a
+job never counts as due: otherwise one reader that stopped could keep every other stream at its
+listener's pace (their steps held while its, useless, moved).
 """
 
 from __future__ import annotations
@@ -93,10 +100,15 @@ class RunnerStats:
     queue_seconds: float = 0.0  # summed over admitted streams
     busy_seconds: float = 0.0  # wall time spent in prefills and steps
     rows_stepped: int = 0  # sum over steps of the streams in the step
-    rows_held: int = 0  # sum over steps of the streams held by the deadline rule
+    rows_held: int = 0  # sum over steps of the streams held (the deadline rule, readers behind)
+    rows_stalled: int = 0  # of those, held because their readers were behind
 
 
 DEFAULT_LEAD_S = 1.5  # a real-time stream with more audio than this ahead of its listener may be held
+# A stream with this much audio made and not taken by its reader is held: well above the lead, so
+# frames stuck behind a busy event loop for a moment do not trigger it (holding on frames made
+# rather than audio sent was tried for the deadline rule and cost underruns under overload).
+DEFAULT_BACKLOG_S = 4.0
 
 
 class Runner:
@@ -107,9 +119,11 @@ class Runner:
         frame_s: float = 0.08,
         lead_s: float = DEFAULT_LEAD_S,
         pcm16: bool = False,
+        backlog_s: float = DEFAULT_BACKLOG_S,
     ) -> None:
         self.decoder, self.scheduler = decoder, scheduler
         self.frame_s, self.lead_s = frame_s, lead_s  # lead_s = inf: never hold
+        self.backlog_frames = max(1, math.ceil(backlog_s / frame_s)) if math.isfinite(backlog_s) else None
         self.pcm16 = pcm16  # each step's audio also as 16-bit PCM, converted once for every row
         self.stats = RunnerStats()
         self.costs = StepCosts(dict(decoder.stats.step_s))  # what a step takes per bucket (step_cost.py)
@@ -178,7 +192,13 @@ class Runner:
                     for job in self._jobs.values():
                         job.put(EngineFailure("the engine is shutting down"))
                     return
-                plan = self.scheduler.plan(self._ahead(time.perf_counter()), self.lead_s)
+                stalled = self._stalled()
+                plan = self.scheduler.plan(self._ahead(time.perf_counter()), self.lead_s, stalled)
+                if not plan.prefill and not plan.decode and pending is None:
+                    # Every running stream's reader is behind: nothing to step until one takes a
+                    # frame (readers do not signal it), so look again in a quarter of a frame.
+                    self._lock.wait(self.frame_s / 4)
+                    continue
             started = time.perf_counter()
             if plan.prefill:
                 self._prefill([(self._jobs[i], row) for i, row in plan.prefill])
@@ -187,6 +207,7 @@ class Runner:
             for _, row in plan.decode:
                 self.decoder.hold(row, False)
             self.stats.rows_held += len(plan.held)
+            self.stats.rows_stalled += sum(1 for i, _ in plan.held if i in stalled)
             prefilled = time.perf_counter() - started
             jobs = [self._jobs.get(i) for i, _ in plan.decode]  # a failed prefill has left already
             running = [job for job in jobs if job is not None and job.row >= 0]
@@ -206,6 +227,12 @@ class Runner:
                     self.costs.record(plan.bucket, took - prefilled)
             pending = launched
             self.stats.busy_seconds += took
+
+    def _stalled(self) -> set[str]:
+        """Running jobs whose readers have `backlog_s` of frames they have not taken."""
+        if self.backlog_frames is None:
+            return set()
+        return {i for i, job in self._jobs.items() if job.row >= 0 and job.frames.qsize() >= self.backlog_frames}
 
     def _ahead(self, now: float) -> dict[str, float] | None:
         """Seconds each real-time job's audio is ahead of its listener's clock (see the module)."""

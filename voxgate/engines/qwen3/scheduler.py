@@ -19,7 +19,11 @@ bucket (1, 2, 4, 8, ...) whose captured graph covers the rows in use. Policy:
   is within its lead, so steps carry only what a listener is about to need: less work per
   step for the host, a smaller bucket where the high rows are held. Nobody is held while
   streams wait for a row (every stream runs, to free rows sooner), nor when every stream is
-  ahead (the step is spare capacity: it builds buffer).
+  ahead (the step is spare capacity: it builds buffer);
+- a stream whose reader has fallen behind (`stalled`: the runner says which, by the frames
+  made and not yet taken) is held whenever no stream waits for a row, and counts as ahead for
+  the deadline rule: audio nobody has taken cannot be helped by more of it, so a client that
+  stops reading costs neither frames in memory nor the others' steps.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import bisect
 import heapq
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -107,9 +111,12 @@ class Scheduler:
     def waited(self, stream_id: str, now: float) -> float:
         return now - self._get(stream_id).enqueued_at
 
-    def plan(self, ahead: Mapping[str, float] | None = None, lead: float = math.inf) -> Plan:
+    def plan(
+        self, ahead: Mapping[str, float] | None = None, lead: float = math.inf, stalled: Collection[str] = ()
+    ) -> Plan:
         """Admit what fits (priority first) and say what runs on the next step; with `ahead`
-        (stream -> seconds its audio is ahead of its listener), hold by the deadline rule."""
+        (stream -> seconds its audio is ahead of its listener), hold by the deadline rule; hold
+        the `stalled` streams (their readers are behind) unless a stream waits for a row."""
         admitted: list[tuple[str, int]] = []
         while self._waiting and len(self._running) < self.max_running and len(admitted) < self.max_prefills_per_step:
             *_, stream_id = self._waiting.pop(0)
@@ -118,12 +125,18 @@ class Scheduler:
             self._running.append(stream_id)
             admitted.append((stream_id, stream.row))
         moving, held = self._running, []
-        if ahead and not self._waiting:
-            due, far = [], []
+        if not self._waiting and (ahead or stalled):
+            due, far, still = [], [], []
             for i in self._running:
-                (far if ahead.get(i, -math.inf) > lead else due).append(i)
-            if due and far:
-                moving, held = due, far
+                if i in stalled:
+                    still.append(i)
+                else:
+                    (far if ahead and ahead.get(i, -math.inf) > lead else due).append(i)
+            if not due:  # every stream ahead: the step is spare capacity for those that can use it
+                due, far = far, []
+            held_ids = set(still) | (set(far) if due else set())
+            moving = [i for i in self._running if i not in held_ids]
+            held = [i for i in self._running if i in held_ids]
         decode = tuple((i, self._streams[i].row) for i in moving)
         rows = max((row for _, row in decode), default=-1) + 1
         return Plan(tuple(admitted), decode, self.bucket_for(rows), tuple((i, self._streams[i].row) for i in held))
