@@ -9,6 +9,7 @@ import wave
 
 import pytest
 
+from voxgate.bench.http import BurstStreamFailed, _series, burst
 from voxgate.bench.server import ServerProcess
 
 
@@ -80,6 +81,17 @@ def test_bench_http_times_a_server_already_running(tmp_path):
     assert burst["audio_s_per_s"] > 0
     two = voxgate("bench", "http", "--engines", "tone,piper", "--url", server.url)
     assert two.returncode != 0 and "one running server" in two.stderr
+
+
+def test_a_burst_from_client_processes_says_which_stream_failed_and_how():
+    """A stream refused in a client process reaches the caller as the refusal (its status), not
+    as a broken process pool; and a burst reports the client processes it ran in, at most one a
+    stream."""
+    with ServerProcess("tone") as server:
+        with pytest.raises(BurstStreamFailed, match=r"stream bad-\d: HTTPStatusError: .*\b4\d\d\b"):
+            burst(server.url, "hello there", [f"bad-{i}" for i in range(4)], "no-such-format", 2, 2)
+        result = _series(server.url, "hello there", 3, 0, 2, {}, procs=8)
+    assert result["client_procs"] == 2 and result["client_ttfa_ms"]["n"] == 3
 
 
 def test_bench_abuse_floods_as_another_client_and_writes_json(tmp_path):

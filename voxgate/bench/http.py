@@ -77,6 +77,18 @@ def time_request(client: httpx.Client, url: str, text: str, request_id: str, fmt
             "start": t0, "done": done}  # fmt: skip
 
 
+class BurstStreamFailed(RuntimeError):
+    """A burst's stream failed (refused, cut off): which one, and httpx's error as text."""
+
+
+def _burst_request(client: httpx.Client, url: str, text: str, request_id: str, fmt: str) -> dict[str, float]:
+    try:
+        return time_request(client, url, text, request_id, fmt)
+    except httpx.HTTPError as exc:  # as text: an HTTPStatusError does not unpickle, and the parent of a
+        # client process would hear only "a process terminated abruptly", not the status
+        raise BurstStreamFailed(f"stream {request_id}: {type(exc).__name__}: {exc}") from None
+
+
 def _burst_part(url: str, text: str, ids: list[str], fmt: str, threads: int, start_at: float) -> list[dict[str, float]]:
     """One client process's share of a burst: `threads` streams at a time, from `start_at` (wall
     clock, so every process starts together). Times are wall clock, comparable across processes."""
@@ -84,8 +96,14 @@ def _burst_part(url: str, text: str, ids: list[str], fmt: str, threads: int, sta
         time.sleep(max(0.0, start_at - time.time()))
         offset = time.time() - time.perf_counter()
         with ThreadPoolExecutor(threads) as pool:
-            rows = list(pool.map(lambda rid: time_request(client, url, text, rid, fmt), ids))
+            rows = list(pool.map(lambda rid: _burst_request(client, url, text, rid, fmt), ids))
     return [{**r, "start": r["start"] + offset, "done": r["done"] + offset} for r in rows]
+
+
+def client_procs(requested: int, concurrency: int) -> int:
+    """The client processes a burst of `concurrency` streams runs in (`requested` 0: one per
+    STREAMS_PER_CLIENT_PROC), at most one per stream."""
+    return max(1, min(requested or -(-concurrency // STREAMS_PER_CLIENT_PROC), concurrency))
 
 
 def burst(
@@ -93,7 +111,7 @@ def burst(
 ) -> tuple[list[dict[str, float]], float]:
     """The ids' streams, `concurrency` at a time, from `procs` client processes: (client rows,
     wall seconds from the first stream's start to the last one's end)."""
-    procs = max(1, min(procs, concurrency))
+    procs = client_procs(procs, concurrency)
     shares = [ids[i::procs] for i in range(procs)]
     threads = [len(range(i, concurrency, procs)) for i in range(procs)]  # the concurrency, split
     if procs == 1:
@@ -139,7 +157,7 @@ def _series(
             client_rows = [time_request(client, url, text, rid, fmt) for rid in ids]
             wall_s = time.perf_counter() - started
         else:
-            procs = procs or -(-concurrency // STREAMS_PER_CLIENT_PROC)
+            procs = client_procs(procs, concurrency)  # what the report says is what ran
             client_rows, wall_s = burst(url, text, ids, fmt, concurrency, procs)
         server_rows = _server_timings(client, url, ids, admin) if admin else []
     audio = sum(r["audio_s"] for r in client_rows) if fmt == "pcm" else None
