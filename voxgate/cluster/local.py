@@ -30,7 +30,8 @@ def ingress_environment(ingress: str | None) -> None:
     os.environ.setdefault("RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP", "0")
     # Under Ray's HAProxy ingress HAProxy routes: by `?session=`, on a consistent hash (Ray 2.60 puts
     # the value after `balance` in its config's defaults section, a line of its own: the hash type is
-    # the next line there), so a replica added or removed moves the keys of fewer others.
+    # the next line there). HAProxy 2.8 places a server by its place in the list, so a replica added
+    # or removed moves fewer of the others' keys than a plain hash on average, not always (README).
     os.environ.setdefault("RAY_SERVE_HAPROXY_BALANCE_ALGORITHM", HAPROXY_BALANCE)
 
 
