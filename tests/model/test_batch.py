@@ -296,10 +296,12 @@ def test_a_stream_whose_reader_stops_is_held_until_it_reads_again(ours):
     its audio is what it is never held."""
     engine = _engine(ours, max_streams=2)
     runner = engine.runner
-    runner.backlog_frames = 5
     try:
+        # The reference, never held: its 39 frames are fewer than the default backlog (whether the
+        # reader keeps up is the threads' timing, so no test rests on it).
+        assert runner.backlog_frames is not None and runner.backlog_frames > 40
         alone = _frames(_submitted(runner, _job(engine, "alone", "Far ahead.", "vivian")))
-        assert runner.stats.rows_stalled == 0  # read as it comes
+        runner.backlog_frames = 5
         unread = _submitted(runner, _job(engine, "unread", "Far ahead.", "vivian"))
         other = _frames(_submitted(runner, _job(engine, "other", "Needed right now.", "ryan")))
         assert len(other) == 39 * 1920
