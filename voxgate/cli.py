@@ -39,6 +39,8 @@ def _logging(level: str) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    if not args.replicas and (args.ingress or args.max_replicas or args.ray_cpus):
+        raise SystemExit("voxgate serve: --ingress, --max-replicas and --ray-cpus need --replicas N")
     import uvicorn
 
     from voxgate.runtime import loop_name, set_switch_interval

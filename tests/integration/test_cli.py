@@ -19,6 +19,11 @@ def voxgate(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     )
 
 
+def test_serve_refuses_ray_options_without_replicas():
+    result = voxgate("serve", "--engine", "tone", "--ingress", "haproxy")
+    assert result.returncode != 0 and "need --replicas N" in result.stderr
+
+
 def test_say_writes_a_wav(tmp_path):
     out = tmp_path / "hello.wav"
     result = voxgate("say", "hello there world", "-o", str(out), "--engine", "tone", "--sample-rate", "16000")

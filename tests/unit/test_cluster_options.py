@@ -4,6 +4,8 @@ router left out under Ray's HAProxy ingress (Ray refuses a deployment with both)
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest.importorskip("ray.serve")
@@ -25,3 +27,21 @@ def test_under_haproxy_there_is_no_custom_router(monkeypatch: pytest.MonkeyPatch
     options = deployment_options(Settings(engine="tone"), replicas=2)
     assert "request_router_config" not in options
     assert options["ray_actor_options"]["runtime_env"]["env_vars"]["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
+
+
+def test_the_ingress_flag_overrides_the_environment_and_keeps_every_other_ray_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from voxgate.cluster.local import HAPROXY_BALANCE, ingress_environment
+
+    for name in ("ENABLE_HA_PROXY", "HAPROXY_BALANCE_ALGORITHM", "SESSION_ID_HEADER_KEY", "RUN_ROUTER_IN_SEPARATE_LOOP"):
+        monkeypatch.delenv(f"RAY_SERVE_{name}", raising=False)  # each restored after the test
+    ingress_environment(None)  # nothing chosen: the environment decides (here: Ray's proxy)
+    assert "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
+    ingress_environment("haproxy")
+    env = os.environ
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and env["RAY_SERVE_HAPROXY_BALANCE_ALGORITHM"] == HAPROXY_BALANCE
+    assert env["RAY_SERVE_SESSION_ID_HEADER_KEY"] == "x-voxgate-session"
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_BALANCE_ALGORITHM", "leastconn")  # the user's own choice stays
+    ingress_environment("proxy")
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "0" and env["RAY_SERVE_HAPROXY_BALANCE_ALGORITHM"] == "leastconn"

@@ -127,7 +127,7 @@ def haproxy_ingress() -> bool:
     replica's own HTTP server, and no Ray proxy or actor call carries the request, its body or its
     messages. On 2 H200s (qwen3 0.6B, bench/gpu_ray.sh) one stream's first audio p50 was within
     0.6 ms of one process's (8.3 ms more through Ray's proxy, the run before), a burst of 64 kept
-    one process's throughput and two replicas gave 2.3x one's. HAProxy then picks the replica:
+    one process's throughput and two replicas gave 2.0-2.3x one's. HAProxy then picks the replica:
     `voxgate serve --replicas` has it hash `?session=` on a consistent hash (`local.py`, round
     robin without one); the `x-voxgate-session` header is not a key there."""
     return os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"

@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 
 def ingress_environment(ingress: str | None) -> None:
     """What Ray reads from the environment (every Ray process started here inherits it) for the
-    ingress chosen; a value already set is kept."""
+    ingress chosen: `ingress` overrides `RAY_SERVE_ENABLE_HA_PROXY` (None leaves it to the
+    environment); every other value already set is kept."""
     if ingress is not None:
         os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1" if ingress == "haproxy" else "0"
     # Ray's proxy hashes the session header it is told of.
