@@ -34,7 +34,8 @@ def test_the_ingress_flag_overrides_the_environment_and_keeps_every_other_ray_se
 ) -> None:
     from voxgate.cluster.local import HAPROXY_BALANCE, ingress_environment
 
-    for name in ("ENABLE_HA_PROXY", "HAPROXY_BALANCE_ALGORITHM", "SESSION_ID_HEADER_KEY", "RUN_ROUTER_IN_SEPARATE_LOOP"):
+    names = ("ENABLE_HA_PROXY", "HAPROXY_BALANCE_ALGORITHM", "SESSION_ID_HEADER_KEY", "RUN_ROUTER_IN_SEPARATE_LOOP")
+    for name in names:
         monkeypatch.delenv(f"RAY_SERVE_{name}", raising=False)  # each restored after the test
     ingress_environment(None)  # nothing chosen: the environment decides (here: Ray's proxy)
     assert "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
