@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--parts", default="1,64", help="buckets to break down by part (default 1,64)")
     parser.add_argument("--device", default="cuda", help="cuda; cpu only checks the script (CPU ops, no graphs)")
+    parser.add_argument("--codec-lean", action="store_true", help="the codec decoder's lean path (QWEN3_CODEC_LEAN)")
     parser.add_argument("--label", default="")
     parser.add_argument("--output-json", type=Path, default=None)
     args = parser.parse_args()
@@ -64,7 +65,9 @@ def profile_step(args: argparse.Namespace) -> dict[str, Any]:
     cuda = args.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU here (--device cpu only checks the script)")
-    ck = load_checkpoint(args.model_dir, args.device, torch.bfloat16 if cuda else torch.float32)
+    ck = load_checkpoint(
+        args.model_dir, args.device, torch.bfloat16 if cuda else torch.float32, codec_lean=args.codec_lean
+    )
     sampling = SamplingParams.from_generation_config(ck.generation)  # as the engine captures it
     t0 = time.perf_counter()
     with torch.inference_mode():  # as at start-up, where the buffers are made
@@ -77,7 +80,7 @@ def profile_step(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "label": args.label, "rows": args.rows, "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__, "model": ck.model_dir.name, "attention_length": length,
-        "fused_kernels": ck.talker.model.kernels, "fused_sampler": decoder.fused_sampler,
+        "fused_kernels": ck.talker.model.kernels, "fused_sampler": decoder.fused_sampler, "codec_lean": args.codec_lean,
         "start_s": round(start_s, 1), "step_ms": {b: round(c * 1e3, 3) for b, c in costs.items()}, "parts": parts,
     }  # fmt: skip
 

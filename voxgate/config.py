@@ -311,6 +311,11 @@ class Settings(BaseSettings):
     qwen3_compile: bool = Field(
         False, description="qwen3: torch.compile the batched step before capture (GPU; experimental, very slow start)."
     )
+    qwen3_codec_lean: bool = Field(
+        False,
+        description="qwen3: the codec decoder's lean path: the same PCM (exact in fp32 on the CPU) from ~22 % "
+        "fewer aten operations per frame (an A/B switch; see bench/qwen3_codec_ops.py).",
+    )
     qwen3_packet_frames: int = Field(1, ge=1, le=64, description="qwen3: 80 ms frames decoded per audio packet.")
     qwen3_batched: bool | None = Field(
         None, description="qwen3: decode all streams together in one runner (default: on a GPU only)."

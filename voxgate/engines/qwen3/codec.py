@@ -11,6 +11,7 @@ Parameter names match the official `speech_tokenizer/model.safetensors` (prefix 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,6 +179,7 @@ class _Derived(nn.Module):
     and torch.compile sees no parameter slicing. `CodecDecoder.refresh()` recomputes them."""
 
     _derived: tuple[torch.Tensor, ...] | None = None
+    lean = False  # set by CodecDecoder.set_lean()
 
     def derive(self) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
@@ -228,7 +230,7 @@ class CausalTransConv(_Stateful):
         if tail is None:
             tail = x.new_zeros(x.shape[0], c_out, k - self.stride)
         (weight2d,) = self.derived()
-        y, new_tail = ops.transposed_conv(x, tail, weight2d, self.conv.bias, self.stride)
+        y, new_tail = ops.transposed_conv(x, tail, weight2d, self.conv.bias, self.stride, direct=self.lean)
         state.put(self.key, new_tail)
         return y
 
@@ -334,7 +336,27 @@ class _Attention(_Stateful):
         self.o_proj = _Linear(heads * d, cfg.hidden_size, bias=False)
         self.heads, self.kv_heads, self.head_dim, self.window = heads, kv, d, cfg.sliding_window
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: DecoderState) -> torch.Tensor:
+    def derive(self) -> tuple[torch.Tensor, ...]:
+        """The lean path's one projection: q, k and v, then RoPE's rotate-half of them (rows
+        moved and negated, which is exact; v's is multiplied by sin = 0), with the attention's
+        scale folded into q's rows where that is exact too (a power of two: head_dim 64 gives 1/8)."""
+        q = self.q_proj.weight * self._folded_scale()
+        qkv = torch.cat([q, self.k_proj.weight, self.v_proj.weight])
+        heads = qkv.view(self.heads + 2 * self.kv_heads, self.head_dim, -1)
+        half = self.head_dim // 2
+        rotated = torch.cat([-heads[:, half:], heads[:, :half]], dim=1)
+        return (torch.cat([qkv, rotated.reshape(qkv.shape)]),)
+
+    def _folded_scale(self) -> float:
+        scale = self.head_dim**-0.5
+        return scale if math.frexp(scale)[0] == 0.5 else 1.0
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: DecoderState,
+        blocked: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        if blocked is not None:
+            return self._forward_lean(x, cos, sin, state, blocked)
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -346,26 +368,67 @@ class _Attention(_Stateful):
             past = (empty, empty)
         keys, values = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
         state.put(self.key, (keys[:, :, t:], values[:, :, t:]))
+        blocked = ops.blocked_slots(valid_slots(state, self.window, t, x.device), self.window)  # empty slots
+        return self._attend(q, keys, values, blocked)
+
+    def _forward_lean(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: DecoderState, blocked: torch.Tensor
+    ) -> torch.Tensor:
+        """`forward` in fewer operations, the same values: one projection for q, k, v and their
+        rotate-half (`derive`), RoPE on all heads at once (`cos`/`sin` from
+        `_Transformer._value_heads`: 1 and 0 on v's heads), the attention's scale in q's
+        projection where exact,
+        keys and values kept as one cache tensor (one concatenation, one state write), and the
+        empty-slot mask made once for all layers (`blocked`)."""
+        b, t, _ = x.shape
+        h, kv = self.heads, self.kv_heads
+        (weight,) = self.derived()
+        both = ops.linear(x, weight).view(b, t, 2, h + 2 * kv, self.head_dim)
+        qkv = both[:, :, 0].transpose(1, 2) * cos + both[:, :, 1].transpose(1, 2) * sin  # apply_rope's sum
+        past = state.tensors.get(self.key)
+        if past is None:  # window-1 empty slots before the first frame
+            past = qkv.new_zeros(b, 2 * kv, self.window - 1, self.head_dim)
+        cache = torch.cat([past, qkv[:, h:]], dim=2)
+        state.put(self.key, cache[:, :, t:])
+        return self._attend(qkv[:, :h], cache[:, :kv], cache[:, kv:], blocked, self._folded_scale())
+
+    def _attend(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, blocked: torch.Tensor, folded: float = 1.0
+    ) -> torch.Tensor:
+        """Attention of `q` (already scaled by `folded`) over the window; through `o_proj`."""
+        b, _, t, _ = q.shape
         if self.heads != self.kv_heads:
             keys = keys.repeat_interleave(self.heads // self.kv_heads, dim=1)
             values = values.repeat_interleave(self.heads // self.kv_heads, dim=1)
-        slots = torch.arange(self.window - 1 + t, device=x.device)
-        start = state.position if state.position_t is None else state.position_t
-        if isinstance(start, torch.Tensor) and start.dim() == 1:  # batched streams at their own positions
-            start = start[:, None, None]
-        valid = slots + (start - (self.window - 1)) >= 0  # slots before the first frame are empty
-        out = ops.window_attention(q, keys, values, valid, self.window, self.head_dim**-0.5)
+        out = ops.window_attention(q, keys, values, None, self.window, self.head_dim**-0.5 / folded, blocked=blocked)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 
-class _MLP(nn.Module):
+def valid_slots(state: DecoderState, window: int, t: int, device: torch.device) -> torch.Tensor:
+    """Which of the window-1+t key slots hold a frame (False before the stream's first frame):
+    (window-1+t,), or (B, 1, window-1+t) for batched streams at their own positions."""
+    slots = torch.arange(window - 1 + t, device=device)
+    start = state.position if state.position_t is None else state.position_t
+    if isinstance(start, torch.Tensor) and start.dim() == 1:
+        start = start[:, None, None]
+    return slots + (start - (window - 1)) >= 0
+
+
+class _MLP(_Derived):
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
         self.gate_proj = _Linear(dim, hidden, bias=False)
         self.up_proj = _Linear(dim, hidden, bias=False)
         self.down_proj = _Linear(hidden, dim, bias=False)
 
+    def derive(self) -> tuple[torch.Tensor, ...]:
+        """The lean path's one projection for gate and up."""
+        return (torch.cat([self.gate_proj.weight, self.up_proj.weight]),)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.lean:
+            gate, up = ops.linear(x, self.derived()[0]).chunk(2, dim=-1)
+            return self.down_proj(torch.nn.functional.silu(gate) * up)
         return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -379,12 +442,17 @@ class _TransformerLayer(nn.Module):
         self.self_attn_layer_scale = _Scale(cfg.hidden_size)
         self.mlp_layer_scale = _Scale(cfg.hidden_size)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: DecoderState) -> torch.Tensor:
-        x = x + self.self_attn_layer_scale.scale * self.self_attn(self.input_layernorm(x), cos, sin, state)
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: DecoderState,
+        blocked: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        x = x + self.self_attn_layer_scale.scale * self.self_attn(self.input_layernorm(x), cos, sin, state, blocked)
         return x + self.mlp_layer_scale.scale * self.mlp(self.post_attention_layernorm(x))
 
 
 class _Transformer(nn.Module):
+    lean = False  # set by CodecDecoder.set_lean()
+
     def __init__(self, cfg: CodecDecoderConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(_TransformerLayer(cfg) for _ in range(cfg.num_hidden_layers))
@@ -406,10 +474,29 @@ class _Transformer(nn.Module):
             if index.dim() == 2:  # (B, T, D) -> (B, 1, T, D): one position per batch row
                 cos, sin = cos[:, None], sin[:, None]
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        blocked = None
+        if self.lean:  # made once here instead of in every layer
+            window = self.layers[0].self_attn.window
+            blocked = ops.blocked_slots(valid_slots(state, window, t, x.device), window)
+            cos, sin = self._value_heads(cos, sin)
         h = self.input_proj(x)
         for layer in self.layers:
-            h = layer(h, cos, sin, state)
+            h = layer(h, cos, sin, state, blocked)
         return self.output_proj(self.norm(h))
+
+    def _value_heads(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for RoPE over q, k and v heads at once: as given on q's and k's heads, 1 and 0
+        on v's (x * 1 + rotated * 0 == x). (T, D) -> (H + 2KV, T, D); (B, 1, T, D) -> (B, H + 2KV, T, D)."""
+        attn = self.layers[0].self_attn
+        roped, kept = attn.heads + attn.kv_heads, attn.kv_heads
+
+        def extend(table: torch.Tensor, fill: float) -> torch.Tensor:
+            table = table if table.dim() == 4 else table[None]
+            lead, tail = table.shape[:-3], table.shape[-2:]
+            constant = table.new_full((), fill).expand(*lead, kept, *tail)
+            return torch.cat([table.expand(*lead, roped, *tail), constant], dim=-3)
+
+        return extend(cos, 1.0), extend(sin, 0.0)
 
 
 class _Codebook(nn.Module):
@@ -455,14 +542,26 @@ class _RVQ(_Derived):
         return ops.linear(total, projection)
 
 
-class _Quantizer(nn.Module):
+class _Quantizer(_Derived):
     def __init__(self, cfg: CodecDecoderConfig) -> None:
         super().__init__()
         dim = cfg.codebook_dim // 2
         self.rvq_first = _RVQ(1, cfg.codebook_size, dim, cfg.codebook_dim)
         self.rvq_rest = _RVQ(cfg.num_quantizers - 1, cfg.codebook_size, dim, cfg.codebook_dim)
 
+    def derive(self) -> tuple[torch.Tensor, ...]:
+        """The lean path's tables: every codebook's in one (n * size, dim) table, and each
+        codebook's first row in it."""
+        tables = [*self.rvq_first.derived()[1:], *self.rvq_rest.derived()[1:]]
+        size = tables[0].shape[0]
+        return torch.cat(tables), torch.arange(len(tables), device=tables[0].device) * size
+
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        if self.lean:  # one lookup for all codebooks, one sum (in the same order) for the rest
+            table, offsets = self.derived()
+            vectors = torch.nn.functional.embedding(codes.transpose(1, 2) + offsets, table)  # (B, T, n, dim)
+            first = ops.linear(vectors[:, :, 0], self.rvq_first.derived()[0])
+            return first + ops.linear(vectors[:, :, 1:].sum(2), self.rvq_rest.derived()[0])
         return self.rvq_first.decode(codes[:, :1]) + self.rvq_rest.decode(codes[:, 1:])
 
 
@@ -497,6 +596,15 @@ class CodecDecoder(nn.Module):
         for module in self.modules():
             if isinstance(module, SnakeBeta):
                 module.fused = kernels
+
+    def set_lean(self, on: bool = True) -> None:
+        """The lean path: the same values in fewer operations (kernels on a GPU), ~1/3 fewer
+        in the pre-transformer (see `_Attention._forward_lean`), one lookup for all codebooks,
+        one projection for the MLP's gate and up. Set it before any decode: it stores the
+        attention's keys and values as one tensor, so a state made by one path fits only it."""
+        for module in self.modules():
+            if "lean" in vars(type(module)) or isinstance(module, _Derived):
+                module.lean = on
 
     def refresh(self) -> None:
         """Recompute the tensors derived from the weights (after the weights change)."""

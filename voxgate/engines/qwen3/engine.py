@@ -469,7 +469,13 @@ def create(settings: Settings) -> Qwen3Engine:
         )
     model_dir = resolve_model(model, settings.qwen3_revision)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[settings.qwen3_dtype]
-    checkpoint = load_checkpoint(model_dir, settings.qwen3_device, dtype, fused_kernels=settings.qwen3_fused_kernels)
+    checkpoint = load_checkpoint(
+        model_dir,
+        settings.qwen3_device,
+        dtype,
+        fused_kernels=settings.qwen3_fused_kernels,
+        codec_lean=settings.qwen3_codec_lean,
+    )
     return Qwen3Engine(
         checkpoint,
         settings.qwen3_packet_frames,

@@ -82,10 +82,14 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_checkpoint(
-    model_dir: Path, device: str = "cpu", dtype: torch.dtype = torch.float32, fused_kernels: bool = True
+    model_dir: Path,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    fused_kernels: bool = True,
+    codec_lean: bool = False,
 ) -> Qwen3Checkpoint:
     """Weights onto `device`; on a GPU with the fast paths (`fuse()`), and the Triton kernels
-    when `fused_kernels` and Triton is there."""
+    when `fused_kernels` and Triton is there; the codec decoder's lean path with `codec_lean`."""
     model_dir = Path(model_dir)
     check_layout(model_dir)
     t0 = time.perf_counter()
@@ -117,6 +121,7 @@ def load_checkpoint(
     talker.to(device=device, dtype=dtype).eval()
     codec.to(device=device, dtype=dtype).eval()
     codec.refresh()
+    codec.set_lean(codec_lean)
     if talker.codec_head.weight.is_cuda:
         use_kernels = fused_kernels and kernels.available()
         talker.fuse(kernels=use_kernels)

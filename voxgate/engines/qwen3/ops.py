@@ -65,13 +65,14 @@ def depthwise_causal_conv(
 
 
 def transposed_conv(
-    x: torch.Tensor, tail: torch.Tensor, weight2d: torch.Tensor, bias: torch.Tensor, stride: int
+    x: torch.Tensor, tail: torch.Tensor, weight2d: torch.Tensor, bias: torch.Tensor, stride: int, direct: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal transposed conv, kernel = stride or 2*stride, right overhang trimmed.
 
     x: (B, Cin, T); weight2d: (Cout*k, Cin) from the (Cin, Cout, k) weight; tail: (B, Cout,
     k - stride), what the previous frame adds onto this one (zeros at the start).
-    Returns (y: (B, Cout, T*stride), the new tail).
+    Returns (y: (B, Cout, T*stride), the new tail). `direct`: the bias add writes straight into
+    that layout (the same values, one copy fewer).
     """
     b, _, t = x.shape
     c_out = bias.shape[0]
@@ -82,6 +83,10 @@ def transposed_conv(
         over = y[..., stride:]  # lands on the next frame's first `stride` samples
         head = head + torch.cat([tail.unsqueeze(1), over[:, :-1]], dim=1)
         tail = over[:, -1]
+    if direct:
+        out = y.new_empty(b, c_out, t, stride)
+        torch.add(head, bias[:, None], out=out.permute(0, 2, 1, 3))
+        return out.view(b, c_out, t * stride), tail
     return (head + bias[:, None]).permute(0, 2, 1, 3).reshape(b, c_out, t * stride), tail
 
 
@@ -130,19 +135,31 @@ def apply_rope_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, r
 
 
 def window_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, window: int, scale: float
-) -> torch.Tensor:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None, window: int, scale: float,
+    blocked: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
     """Causal sliding-window attention where every query sees exactly `window` key slots.
 
     q: (B, H, T, D) for the T newest positions; k, v: (B, H, window - 1 + T, D) holding the
     window-1 positions before them and the T new ones; valid: (window - 1 + T,) bool, False
     for slots before the start of the sequence, or (B, 1, window - 1 + T) when each row
-    starts elsewhere. Returns (B, H, T, D).
+    starts elsewhere; or, instead, `blocked`: `blocked_slots(valid, window)` made once for all layers.
+    Returns (B, H, T, D).
     """
     kw = k.unfold(2, window, 1).transpose(-1, -2)  # (B, H, T, window, D)
     vw = v.unfold(2, window, 1).transpose(-1, -2)
-    mask = valid.unfold(-1, window, 1)  # (T, window), or (B, 1, T, window) for per-row starts
-    scores = (q.unsqueeze(-2) * kw).sum(-1) * scale
-    scores = scores.masked_fill(~mask, float("-inf"))
+    if blocked is None:
+        assert valid is not None
+        blocked = blocked_slots(valid, window)
+    scores = (q.unsqueeze(-2) * kw).sum(-1)
+    if scale != 1.0:  # 1.0: the caller scaled q
+        scores = scores * scale
+    scores = scores.masked_fill(blocked, float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
     return (probs.unsqueeze(-1) * vw).sum(-2)
+
+
+def blocked_slots(valid: torch.Tensor, window: int) -> torch.Tensor:
+    """`window_attention`'s mask from `valid`: True for each query's key slots that are empty,
+    (T, window), or (B, 1, T, window) for per-row starts."""
+    return ~valid.unfold(-1, window, 1)

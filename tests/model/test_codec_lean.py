@@ -1,0 +1,145 @@
+"""The codec decoder's lean path (`CodecDecoder.set_lean`, VOXGATE_QWEN3_CODEC_LEAN): the same
+PCM as the default path, packet by packet and row by row, from fewer operations."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from voxgate.bench.op_count import count_ops
+from voxgate.engines.qwen3.batch import BatchDecoder
+from voxgate.engines.qwen3.checkpoint import TINY_CODEC, randomise
+from voxgate.engines.qwen3.codec import CodecDecoder, CodecDecoderConfig, DecoderState, SnakeBeta
+from voxgate.engines.qwen3.config import SamplingParams
+from voxgate.engines.qwen3.loader import load_checkpoint
+from voxgate.engines.qwen3.prompt import PromptBuilder
+
+ATOL = 1e-6  # fp32 on the CPU: the lean path reorders no sum, so it is exact here; this is the stated bound
+
+
+def _codes(rows: int, frames: int, seed: int = 3) -> torch.Tensor:
+    return torch.randint(0, 2048, (rows, 16, frames), generator=torch.Generator().manual_seed(seed))
+
+
+def _rows_state(codec: CodecDecoder, rows: int) -> DecoderState:
+    """A static per-row state as BatchDecoder makes it."""
+    state = DecoderState()
+    with torch.no_grad():
+        codec.decode(torch.zeros(rows, 16, 1, dtype=torch.long), state)
+    state.freeze_rows(torch.device("cpu"), rows)
+    return state
+
+
+def _batched_pcm(codec: CodecDecoder, codes: torch.Tensor, held: dict[int, int]) -> torch.Tensor:
+    """Frame by frame through a batched state; at step s, row held[s] (if any) does not move."""
+    rows, _, frames = codes.shape
+    state = _rows_state(codec, rows)
+    out = []
+    with torch.inference_mode():
+        for t in range(frames):
+            moving = torch.ones(rows, dtype=torch.bool)
+            if t in held:
+                moving[held[t]] = False
+            out.append(codec.run(codes[:, :, t : t + 1], state.rows(rows, moving)))
+    return torch.stack(out, dim=1)  # (rows, frames, samples)
+
+
+def _lean(codec: CodecDecoder) -> CodecDecoder:
+    lean = copy.deepcopy(codec)
+    lean.set_lean(True)
+    return lean
+
+
+@pytest.fixture(scope="module")
+def codecs(tiny_dirs):
+    """The tiny 0.6B checkpoint's codec, default and lean (the lean one through the loader's flag)."""
+    return load_checkpoint(tiny_dirs["cv06"]).codec, load_checkpoint(tiny_dirs["cv06"], codec_lean=True).codec
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_the_lean_codec_gives_the_default_pcm_frame_by_frame_in_a_batch(codecs, rows):
+    default, lean = codecs
+    assert lean.pre_transformer.lean and not default.pre_transformer.lean
+    codes = _codes(rows, 6)
+    held = {2: rows - 1, 4: 0}  # held rows keep their state and position, as in BatchDecoder
+    expected = _batched_pcm(default, codes, held)
+    got = _batched_pcm(lean, codes, held)
+    assert expected.abs().max() > 1e-3  # real audio, not silence
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+
+
+def test_the_lean_codec_gives_the_default_pcm_for_multi_frame_packets(codecs):
+    default, lean = codecs
+    codes = _codes(2, 9, seed=5)
+    for packets in ([9], [4, 1, 4]):
+        states = DecoderState(), DecoderState()
+        start = 0
+        for n in packets:
+            chunk = codes[:, :, start : start + n]
+            torch.testing.assert_close(
+                lean.decode(chunk, states[1]), default.decode(chunk, states[0]), atol=ATOL, rtol=0
+            )
+            start += n
+
+
+def test_the_folded_attention_scale_is_exact_at_head_dim_64():
+    """head_dim 64 (the real codecs'): the lean path folds 1/8 into q's projection."""
+    cfg = CodecDecoderConfig.from_dict(
+        {**TINY_CODEC, "head_dim": 64, "num_attention_heads": 1, "num_key_value_heads": 1}
+    )
+    default = CodecDecoder(cfg)
+    randomise(default, torch.Generator().manual_seed(1), quiet=(".conv1.", ".conv2.", "block.1.conv"))
+    default.eval()
+    lean = _lean(default)
+    assert lean.pre_transformer.layers[0].self_attn._folded_scale() == 0.125
+    codes = _codes(2, 4, seed=9)
+    torch.testing.assert_close(_batched_pcm(lean, codes, {}), _batched_pcm(default, codes, {}), atol=ATOL, rtol=0)
+
+
+def _count(codec: CodecDecoder, rows: int):
+    state = _rows_state(codec, rows)
+    view = state.rows(rows, torch.ones(rows, dtype=torch.bool))
+    parts = {"pre_transformer": codec.pre_transformer, "decoder": list(codec.decoder)}
+    with torch.no_grad(), count_ops(parts, {SnakeBeta: "activation"}, {"quantizer": (codec.quantizer, "decode")}) as n:
+        codec.run(_codes(rows, 1), view)
+    return n
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_the_lean_codec_issues_fewer_operations(codecs, rows):
+    default, lean = codecs
+    before, after = _count(default, rows), _count(lean, rows)
+    assert before.total == _count(default, rows).total  # a count, not a timing: the same every run
+    assert before.ops["quantizer"] - after.ops["quantizer"] >= 27  # 16 lookups + 15 adds -> offsets, lookup, sum
+    layers = default.config.num_hidden_layers
+    assert after.ops["pre_transformer"] <= before.ops["pre_transformer"] - 10 * layers
+    assert after.ops["decoder"] < before.ops["decoder"]
+    assert after.ops["activation"] == before.ops["activation"]  # the Snake activations are not touched
+    assert after.total < before.total
+
+
+def test_the_counter_gives_each_op_to_its_part_and_leaves_views_out():
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), SnakeBeta(4))
+    x = torch.randn(1, 4, 4)
+    with torch.no_grad(), count_ops({"net": net}, {SnakeBeta: "activation"}) as n:
+        net(x).transpose(1, 2).contiguous()  # transpose: a view; contiguous: 1 copy, outside the parts
+    assert n.ops["net"] >= 1 and n.ops["activation"] >= 4 and n.ops["other"] == 1 and n.free["other"] >= 1
+    assert not net[0]._forward_hooks and not net._forward_pre_hooks  # the hooks are gone
+
+
+def test_a_batch_decoder_with_the_lean_codec_streams_the_same_audio(ours, codecs):
+    ck = ours["cv06"]
+    params = SamplingParams.greedy(max_new_tokens=20, min_new_tokens=20)
+    builder = PromptBuilder(ck.config, ck.tokenizer, ck.talker)
+    prompts = [builder.build(t, speaker="vivian", language="English") for t in ("Lean path.", "Same audio, too.")]
+    pcm = []
+    for codec in codecs:
+        decoder = BatchDecoder(ck.talker, codec, slots=2, capacity=128)
+        for i, prompt in enumerate(prompts):
+            decoder.admit(i, prompt, params, 0)
+        pcm.append(np.stack([decoder.step(2, [0, 1]).pcm[:2] for _ in range(6)]))
+    assert np.abs(pcm[0]).max() > 1e-3
+    np.testing.assert_allclose(pcm[1], pcm[0], atol=ATOL, rtol=0)
