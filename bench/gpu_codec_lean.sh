@@ -1,20 +1,30 @@
 #!/bin/sh
-# On the device machine (after bench/gpu_bundle.sh here; carry `.gpu`): the codec decoder's lean path
-# (VOXGATE_QWEN3_CODEC_LEAN) against the default path on one random-weight checkpoint in bf16 (issue 22):
+# On the device machine, carrying `.gpu-peer` (bench/gpu_bundle_peer.sh here) or `.gpu` (bench/gpu_bundle.sh):
+# the codec decoder's lean path (VOXGATE_QWEN3_CODEC_LEAN) against the default path on one random-weight
+# checkpoint in bf16 (issue 22):
 # 1. bench/qwen3_codec_ops.py: one frame's aten ops by part, and its GPU kernels (profiler), at 1, 8 and
-#    64 rows, both paths, and the largest PCM difference between them (bf16: not exact, expect ~1e-2);
+#    64 rows, both paths, and the largest PCM difference between them (bf16: not exact);
 # 2. bench/qwen3_step_profile.py, default then lean, ROUNDS times on one warm machine: each bucket's
 #    captured step replayed REPEATS times (step_ms, median), and the step's parts (codec, talker, ...) by
 #    GPU operations and summed GPU ms at 1 and 64 rows; then one line per bucket comparing the medians.
-# Usage: sh bench/gpu_codec_lean.sh [seed] [model]   (default 11, Qwen3-TTS-12Hz-0.6B-CustomVoice)
-# Environment: RES (results folder; default: packed into $OUT/results-TAG.tgz), ROWS (64), ROUNDS (2),
-# REPEATS (50).
+# Usage: sh bench/gpu_codec_lean.sh [seed] [model]   (default 7, Qwen3-TTS-12Hz-0.6B-CustomVoice)
+# Environment: RES (results folder, default $OUT), ROWS (64), ROUNDS (2), REPEATS (50).
 set -u
-. bench/gpu_common.sh  # SEED ($1), MODEL ($2), TAG, RES; gpu_setup
-gpu_setup || exit 1
+SEED=${1:-7}
+MODEL=${2:-Qwen3-TTS-12Hz-0.6B-CustomVoice}
+TAG=$(echo $MODEL | sed 's/Qwen3-TTS-12Hz-//')
+RES=${RES:-$OUT}
+mkdir -p "$RES"
+if [ -d .gpu-peer ]; then BUNDLE=.gpu-peer WHEELS=.gpu-peer/voxgate; else BUNDLE=.gpu WHEELS=.gpu/wheels; fi
+python3 -m pip install -q --no-index --no-deps $WHEELS/*.whl 2>&1 | tail -2
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch; print('torch', torch.__version__)"; } > "$RES/machine.txt"
 CKPT=/tmp/ckpt-$TAG-$SEED
-python3 bench/qwen3_codec_ops.py --model "$MODEL" --config-root .gpu/qwen3-tts --device cuda --dtype bfloat16 \
+[ -d $CKPT ] || python3 -c "import sys; from pathlib import Path; from voxgate.engines.qwen3.checkpoint import \
+make_random_checkpoint as m; m(sys.argv[1], Path(sys.argv[2]), seed=int(sys.argv[3]), config_root=Path(sys.argv[4]))" \
+    $MODEL $CKPT $SEED $BUNDLE/qwen3-tts > "$RES/checkpoint-$TAG.txt" 2>&1 || { tail -20 "$RES/checkpoint-$TAG.txt"; exit 1; }
+python3 bench/qwen3_codec_ops.py --model "$MODEL" --config-root $BUNDLE/qwen3-tts --device cuda --dtype bfloat16 \
     --fused --rows 1,8,64 --both --output-json "$RES/codec-ops-$TAG.json" > "$RES/codec-ops-$TAG.txt" 2>&1
 echo "codec ops exit $?"; tail -16 "$RES/codec-ops-$TAG.txt"
 for i in $(seq "${ROUNDS:-2}"); do
