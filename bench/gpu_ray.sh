@@ -7,9 +7,9 @@
 # Wheels: .gpu/ (bench/gpu_bundle.sh) and RAY_DIR's .gpu-ray1..3 (bench/gpu_bundle_ray.sh's, carried
 # by earlier calls on the same machine and copied outside the tree, default /tmp/carry).
 # Usage: sh bench/gpu_ray.sh [seed] [model]
-# Environment: RES (default: packed into $OUT/results-TAG.tgz), PER_REPLICA (64), N (sequential requests, 32), RUNS ("plain 1 2":
-# which of the three; "hap1 hap2" are 1 and 2 replicas behind Ray's HAProxy ingress instead of its
-# proxy: `voxgate serve --ingress haproxy`).
+# Environment: RES (default: packed into $OUT/results-TAG.tgz), PER_REPLICA (64), N (sequential requests, 32), RUNS (default
+# "plain hap1 hap2": one process, then 1 and 2 replicas behind Ray's HAProxy ingress, `voxgate serve
+# --ingress haproxy`; "1" and "2" are 1 and 2 replicas behind Ray's own proxy, the default ingress).
 # Then $RES/ray-$TAG-summary.json: the Ray hop (one stream's client TTFA p50 through Ray minus one
 # process's) and the aggregate: the 2-replica burst's throughput (2 x PER_REPLICA streams) over one
 # replica's (PER_REPLICA) and over one process's (target >= 1.9), from the runs present.
@@ -18,7 +18,7 @@ set -u
 PER_REPLICA=${PER_REPLICA:-64}
 N=${N:-32}
 gpu_setup || exit 1
-RUNS=${RUNS:-plain 1 2}
+RUNS=${RUNS:-plain hap1 hap2}
 if ! python3 -c "import ray" 2>/dev/null; then
     RAY_DIR=${RAY_DIR:-/tmp/carry}
     cat "$RAY_DIR"/.gpu-ray*/ray.part.* > "/tmp/$(cat "$RAY_DIR"/.gpu-ray1/ray.name)"
