@@ -8,22 +8,14 @@
 #    captured step replayed REPEATS times (step_ms, median), and the step's parts (codec, talker, ...) by
 #    GPU operations and summed GPU ms at 1 and 64 rows; then one line per bucket comparing the medians.
 # Usage: sh bench/gpu_codec_lean.sh [seed] [model]   (default 7, Qwen3-TTS-12Hz-0.6B-CustomVoice)
-# Environment: RES (results folder, default $OUT), ROWS (64), ROUNDS (2), REPEATS (50).
+# Environment: RES (results folder; default: packed into $OUT/results-TAG.tgz, bench/gpu_common.sh), ROWS (64), ROUNDS (2), REPEATS (50).
 set -u
-SEED=${1:-7}
-MODEL=${2:-Qwen3-TTS-12Hz-0.6B-CustomVoice}
-TAG=$(echo $MODEL | sed 's/Qwen3-TTS-12Hz-//')
-RES=${RES:-$OUT}
-mkdir -p "$RES"
+set -- "${1:-7}" "${2:-Qwen3-TTS-12Hz-0.6B-CustomVoice}"  # this bench's default seed: 7
+. bench/gpu_common.sh  # SEED ($1), MODEL ($2), TAG, RES; setup_bundle
 if [ -d .gpu-peer ]; then BUNDLE=.gpu-peer WHEELS=.gpu-peer/voxgate; else BUNDLE=.gpu WHEELS=.gpu/wheels; fi
-python3 -m pip install -q --no-index --no-deps $WHEELS/*.whl 2>&1 | tail -2
+setup_bundle $BUNDLE $WHEELS || exit 1
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  python3 -c "import torch; print('torch', torch.__version__)"; } > "$RES/machine.txt"
 CKPT=/tmp/ckpt-$TAG-$SEED
-[ -d $CKPT ] || python3 -c "import sys; from pathlib import Path; from voxgate.engines.qwen3.checkpoint import \
-make_random_checkpoint as m; m(sys.argv[1], Path(sys.argv[2]), seed=int(sys.argv[3]), config_root=Path(sys.argv[4]))" \
-    $MODEL $CKPT $SEED $BUNDLE/qwen3-tts > "$RES/checkpoint-$TAG.txt" 2>&1 || { tail -20 "$RES/checkpoint-$TAG.txt"; exit 1; }
 python3 bench/qwen3_codec_ops.py --model "$MODEL" --config-root $BUNDLE/qwen3-tts --device cuda --dtype bfloat16 \
     --fused --rows 1,8,64 --both --output-json "$RES/codec-ops-$TAG.json" > "$RES/codec-ops-$TAG.txt" 2>&1
 echo "codec ops exit $?"; tail -16 "$RES/codec-ops-$TAG.txt"

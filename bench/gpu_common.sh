@@ -16,17 +16,26 @@ if [ -z "${RES:-}" ]; then
     trap pack_results EXIT
     trap 'exit 143' TERM INT  # a `timeout` still packs what the run wrote
 fi
-# gpu_setup: install the carried wheels, write $RES/machine.txt, build the random-weight
-# checkpoint /tmp/ckpt-$TAG-$SEED once (needs SEED, MODEL, TAG, RES).
+# setup_bundle BUNDLE WHEELS: install the carried wheels (WHEELS/*.whl), write $RES/machine.txt,
+# build the random-weight checkpoint /tmp/ckpt-$TAG-$SEED once from BUNDLE/qwen3-tts's configs
+# (without voxgate's CLI, which a small bundle cannot import whole); fails if that build fails.
+# gpu_setup: the same from .gpu/ (bench/gpu_bundle.sh), for a server.
 # wait_server PID LOG: until /healthz answers on :8765, or the server has exited (then fail).
-gpu_setup() {
+setup_bundle() {
     mkdir -p "$RES"
-    python3 -m pip install -q --no-index --no-deps .gpu/wheels/*.whl 2>&1 | tail -2
-    export VOXGATE_LLM_EMBEDDED=false VOXGATE_AGENT_MAX_CALLS=0
+    python3 -m pip install -q --no-index --no-deps "$2"/*.whl 2>&1 | tail -2
     { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
       python3 -c "import torch; print('torch', torch.__version__)"; echo "server tree: ${SRC:-$PWD}"; } > $RES/machine.txt
-    [ -d /tmp/ckpt-$TAG-$SEED ] || PYTHONPATH=$PWD python3 -m voxgate make-random-checkpoint --configs .gpu/qwen3-tts \
-        --model $MODEL --out /tmp/ckpt-$TAG-$SEED --seed $SEED > $RES/checkpoint-$TAG.txt 2>&1
+    [ -d /tmp/ckpt-$TAG-$SEED ] || PYTHONPATH=$PWD python3 -c "import sys; from pathlib import Path
+from voxgate.engines.qwen3.checkpoint import make_random_checkpoint as make
+print('wrote', make(sys.argv[1], Path(sys.argv[2]), seed=int(sys.argv[3]), config_root=Path(sys.argv[4])))" \
+        $MODEL /tmp/ckpt-$TAG-$SEED $SEED "$1/qwen3-tts" > $RES/checkpoint-$TAG.txt 2>&1 \
+        || { tail -20 $RES/checkpoint-$TAG.txt; return 1; }
+}
+
+gpu_setup() {
+    export VOXGATE_LLM_EMBEDDED=false VOXGATE_AGENT_MAX_CALLS=0
+    setup_bundle .gpu .gpu/wheels
 }
 
 wait_server() {

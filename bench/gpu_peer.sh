@@ -8,27 +8,19 @@
 # Then (STEPS) bench/qwen3_step_profile.py on the same checkpoint: our step's GPU operations and time
 # per part (talker, code predictor, sampler, codec) at 1 and 64 rows, as JSON and a table.
 # Usage: sh bench/gpu_peer.sh [seed] [model]   (default 7, Qwen3-TTS-12Hz-0.6B-CustomVoice)
-# Environment: RES (results folder, default $OUT), FRAMES (per stream, default 120 = 9.6 s of audio),
+# Environment: RES (results folder; default: packed into $OUT/results-TAG.tgz, bench/gpu_common.sh), FRAMES (per stream, default 120 = 9.6 s of audio),
 # STREAMS (stream counts, default 1,4,16,64), RUNS (single-stream runs, and timed batches of the peer
 # per stream count; default 3), STEPS ("bench profile": both; one of them alone, e.g. to split the two
 # over two calls on one warm machine).
 set -u
-SEED=${1:-7}
-MODEL=${2:-Qwen3-TTS-12Hz-0.6B-CustomVoice}
-TAG=$(echo $MODEL | sed 's/Qwen3-TTS-12Hz-//')
-RES=${RES:-$OUT}
-mkdir -p "$RES"
-python3 -m pip install -q --no-index --no-deps .gpu-peer/voxgate/*.whl 2>&1 | tail -2
+set -- "${1:-7}" "${2:-Qwen3-TTS-12Hz-0.6B-CustomVoice}"  # this bench's default seed: 7
+. bench/gpu_common.sh  # SEED ($1), MODEL ($2), TAG, RES; setup_bundle
+# Without the CLI (it imports every command's modules, and the bundle carries only the bench's needs).
+setup_bundle .gpu-peer .gpu-peer/voxgate || exit 1
 rm -rf /tmp/peer-site
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/peer-site .gpu-peer/peer/*.whl 2>&1 | tail -2
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  python3 -c "import torch; print('torch', torch.__version__)"; } > "$RES/machine.txt"
 CKPT=/tmp/ckpt-$TAG-$SEED
-# Both without the CLI (it imports every command's modules, and the bundle carries only the bench's needs).
-[ -d $CKPT ] || python3 -c "import sys; from pathlib import Path; from voxgate.engines.qwen3.checkpoint import \
-make_random_checkpoint as m; m(sys.argv[1], Path(sys.argv[2]), seed=int(sys.argv[3]), config_root=Path(sys.argv[4]))" \
-    $MODEL $CKPT $SEED .gpu-peer/qwen3-tts > "$RES/checkpoint-$TAG.txt" 2>&1 || { tail -20 "$RES/checkpoint-$TAG.txt"; exit 1; }
 STEPS=${STEPS:-bench profile}
 case "$STEPS" in *bench*)
     python3 -m voxgate.bench.tts --model-dir $CKPT --device cuda --dtype bfloat16 --frames ${FRAMES:-120} \
