@@ -107,11 +107,17 @@ def test_among_equal_priorities_the_stream_needed_soonest_is_admitted_first():
     assert s.position("detached") == 1
 
 
-def test_the_deadline_rule_holds_streams_far_ahead_only_while_another_is_due():
+def _four_running() -> Scheduler:
+    """Streams a..d running in rows 0..3, room for more."""
     s = Scheduler(max_running=8, max_prefills_per_step=8)
     for name in "abcd":
         s.add(name)
-    s.plan()  # a..d in rows 0..3
+    s.plan()
+    return s
+
+
+def test_the_deadline_rule_holds_streams_far_ahead_only_while_another_is_due():
+    s = _four_running()
     lead = 1.5
     plan = s.plan({"a": 0.2, "b": 9.0, "c": 3.0, "d": 9.0}, lead)
     assert plan.decode == (("a", 0),) and plan.held == (("b", 1), ("c", 2), ("d", 3))
@@ -129,10 +135,7 @@ def test_the_deadline_rule_holds_streams_far_ahead_only_while_another_is_due():
 
 
 def test_a_stream_whose_reader_is_behind_is_held_and_counts_as_ahead():
-    s = Scheduler(max_running=8, max_prefills_per_step=8)
-    for name in "abcd":
-        s.add(name)
-    s.plan()  # a..d in rows 0..3
+    s = _four_running()
     lead = 1.5
     # Behind its reader: held with or without clocks, even when every other stream is ahead.
     plan = s.plan(None, lead, stalled={"b"})

@@ -126,17 +126,12 @@ class Scheduler:
             admitted.append((stream_id, stream.row))
         moving, held = self._running, []
         if not self._waiting and (ahead or stalled):
-            due, far, still = [], [], []
-            for i in self._running:
-                if i in stalled:
-                    still.append(i)
-                else:
-                    (far if ahead and ahead.get(i, -math.inf) > lead else due).append(i)
-            if not due:  # every stream ahead: the step is spare capacity for those that can use it
-                due, far = far, []
-            held_ids = set(still) | (set(far) if due else set())
-            moving = [i for i in self._running if i not in held_ids]
-            held = [i for i in self._running if i in held_ids]
+            still = {i for i in self._running if i in stalled}
+            far = {i for i in self._running if i not in still and ahead and ahead.get(i, -math.inf) > lead}
+            if len(still) + len(far) == len(self._running):
+                far = set()  # nobody due: the step is spare capacity for every stream that can use it
+            moving = [i for i in self._running if i not in still and i not in far]
+            held = [i for i in self._running if i in still or i in far]
         decode = tuple((i, self._streams[i].row) for i in moving)
         rows = max((row for _, row in decode), default=-1) + 1
         return Plan(tuple(admitted), decode, self.bucket_for(rows), tuple((i, self._streams[i].row) for i in held))
