@@ -35,6 +35,9 @@ for VARIANT in ${VARIANTS:-base pyspy}; do
         --admin-key bench-admin --concurrency $SESSIONS --cps 5 --duration $DURATION \
         --output-json $RES/profile-$TAG-$NAME.json > $RES/profile-$TAG-$NAME.txt 2>&1
     echo "== $VARIANT"; summary $RES/profile-$TAG-$NAME.json
+    grep -E "^(server, |engine stage)" $RES/profile-$TAG-$NAME.txt
+    curl -s localhost:8765/metrics | grep -E "^voxgate_engine_streams" > $RES/metrics-$TAG-$NAME.txt
+    grep -E "steps_launched_gpu_idle|name=\"steps\"" $RES/metrics-$TAG-$NAME.txt
     kill -INT $SERVER 2>/dev/null; wait $SERVER 2>/dev/null
     pkill -f "voxgate serve --port 8765" 2>/dev/null; sleep 2
 done

@@ -62,6 +62,10 @@ class AudioChunk:
     # conversion per step for every stream); encoders that need no resampling send these as
     # they are instead of converting on the event loop. None: the encoder converts.
     pcm16: np.ndarray | None = None
+    # On a stream's first chunk, where the engine keeps them: its own perf_counter readings on the
+    # way (the batched qwen3 runner: "submitted", "first_step" launched, "first_frame" handed out),
+    # for the server's split of first audio (`/debug/timings`).
+    marks: dict[str, float] | None = None
 
     @property
     def duration_s(self) -> float:

@@ -124,3 +124,37 @@ def test_the_polled_runner_path_and_its_16_bit_pcm_serve_the_same_bytes(tiny_dir
             assert all(r.status_code == 200 and r.content for r in replies), [r.text[:200] for r in replies]
             got[name] = [r.content for r in replies]
     assert got["polled"] == got["threads"]
+
+
+def test_a_batched_sessions_first_audio_splits_the_engine_stage_by_the_runners_clocks(tiny_dirs):
+    """The batched runner stamps a stream's first chunk (submitted, first step launched, first
+    frame handed out): `/debug/timings` splits the gateway's engine stage by them, in order,
+    adding up to it (each part rounded to a microsecond)."""
+    import asyncio
+
+    import websockets
+
+    from tests.integration.wsclient import Client
+
+    env = {"QWEN3_MODEL_DIR": str(tiny_dirs["cv06"]), "STARTER_CACHE": "false", "QWEN3_BATCHED": "true",
+           "QWEN3_KV_CAPACITY": "256", "QWEN3_MAX_STREAMS": "4"}  # fmt: skip
+
+    async def session(url: str) -> str:
+        async with websockets.connect(url.replace("http", "ws") + "/v1/tts/ws") as ws:
+            c = Client(ws)
+            started = await c.start(voice="vivian", language="en")
+            await c.words("Two short sentences. Here is the second")
+            await c.send(type="session.end")
+            await c.until("session.done", timeout=120)
+            return started["session_id"]
+
+    with ServerProcess("qwen3", env=env) as server:
+        session_id = asyncio.run(session(server.url))
+        rows = httpx.get(f"{server.url}/debug/timings?last=100", headers=server.admin_headers()).json()["timings"]
+    ours = [t for t in rows if t["status"] == "first_audio" and t["request_id"].startswith(session_id)]
+    assert ours
+    for t in ours:
+        split = t["engine_ms"]
+        assert list(split) == ["open", "wait", "gpu", "pickup"] and min(split.values()) >= 0
+        assert sum(split.values()) == pytest.approx(t["stages_ms"]["engine"], abs=0.01)
+        assert split["gpu"] > 0  # the tiny model's prefill and first step on the CPU take time

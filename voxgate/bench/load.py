@@ -354,6 +354,10 @@ def server_first_audio(params: LoadParams, since: float) -> dict[str, Any]:
         for stage in (*rows[0]["stages_ms"], "total") if rows else ():
             values = [r["ttfa_ms"] if stage == "total" else r["stages_ms"][stage] for r in rows]
             out[stage] = {f"p{q}": round(percentile(values, q) or 0.0, 2) for q in (50, 95, 99)}
+        split = [r["engine_ms"] for r in rows if "engine_ms" in r]  # the engine's own clocks, where it keeps them
+        if split:
+            out["engine_split"] = {stage: {f"p{q}": round(percentile([s[stage] for s in split], q) or 0.0, 2)
+                                           for q in (50, 95, 99)} for stage in split[0]}  # fmt: skip
         return out
 
     return {"utterance_first": summary([t for t in ours if t["opens_utterance"]]), "all": summary(ours), "note": note}

@@ -399,9 +399,12 @@ def markdown_table(results: Mapping[str, Any]) -> str:
     server = results.get("server_first_audio") or {}
     first = server.get("utterance_first") or {}
     if first.get("segments"):
-        stages = [k for k in first if k != "segments"]
+        stages = [k for k in first if k not in ("segments", "engine_split")]
         lines += ["", f"server, utterance's first segment ({first['segments']}) ms p50 / p95: "
                   + ", ".join(f"{k} {first[k]['p50']} / {first[k]['p95']}" for k in stages)]  # fmt: skip
+        if split := first.get("engine_split"):
+            lines.append("engine stage by the engine's clocks ms p50 / p95: "
+                         + ", ".join(f"{k} {v['p50']} / {v['p95']}" for k, v in split.items()))  # fmt: skip
     elif "unavailable" in server:
         lines += ["", f"server stages: {server['unavailable']}"]
     return "\n".join(lines)

@@ -14,6 +14,12 @@ _RTF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 # session's earlier segments, for the client's stream slot, in the engine (to its first chunk
 # ready), handing the chunk to the event loop and logging it, and in the writer (pacing, send).
 FIRST_AUDIO_STAGES = ("queue", "slot", "engine", "hop", "write")
+# The engine stage split by the engine's own clocks (`AudioChunk.marks`, the batched qwen3 runner):
+# opening the stream (a worker, the prompt) to its submission, waiting for the step it first
+# joins to be launched, on the GPU until its first frame is handed out (the step running before
+# it, its prefill, its own step), and the event loop taking the frame.
+ENGINE_MARKS = ("submitted", "first_step", "first_frame")
+ENGINE_STAGES = ("open", "wait", "gpu", "pickup")
 
 
 class Metrics:

@@ -82,6 +82,7 @@ class Entry:
     opens_utterance: bool = False  # the first audio of its utterance
     stamps: tuple[float, ...] = ()  # for a segment's first audio: the caller's clocks on its way (see `audio`)
     text: str | None = None  # a segment's first audio and its units.done: the segment's text
+    marks: dict[str, float] | None = None  # for a segment's first audio: the engine's clocks (`AudioChunk.marks`)
 
     @property
     def size(self) -> int:
@@ -346,9 +347,17 @@ class Session:
         """False once the segment's utterance was cancelled (its output is discarded)."""
         return self._inflight is segment
 
-    def audio(self, segment: Segment, payload: bytes, samples: int, stamps: tuple[float, ...] = ()) -> None:
+    def audio(
+        self,
+        segment: Segment,
+        payload: bytes,
+        samples: int,
+        stamps: tuple[float, ...] = (),
+        marks: dict[str, float] | None = None,
+    ) -> None:
         """Log a piece of the segment's audio; `stamps` (the caller's clock readings on the way
-        to its first audio) are kept on the segment's first entry, for the writer's timings."""
+        to its first audio) and `marks` (the engine's) are kept on the segment's first entry,
+        for the writer's timings."""
         if not self.current(segment) or not payload:
             return
         header = {"type": "audio", "seq": self._seq, "utterance": segment.utterance,
@@ -360,6 +369,7 @@ class Session:
         entry = self._append(header, payload, segment.utterance, segment.unit_end)
         if segment is not self._last_audio_of:
             entry.first, entry.ready_at, entry.stamps, entry.text = True, segment.queued_at, stamps, segment.text
+            entry.marks = marks
             entry.opens_utterance = self._last_audio_of is None or self._last_audio_of.utterance != segment.utterance
             self._last_audio_of = segment
 

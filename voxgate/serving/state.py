@@ -21,7 +21,7 @@ from voxgate.engines.base import Engine, check_request, collect
 from voxgate.engines.registry import create_engine
 from voxgate.serving.auth import Authenticator
 from voxgate.serving.fair import FairLimiter
-from voxgate.serving.metrics import FIRST_AUDIO_STAGES, Metrics
+from voxgate.serving.metrics import ENGINE_MARKS, ENGINE_STAGES, FIRST_AUDIO_STAGES, Metrics
 from voxgate.serving.voice_store import VoiceStore
 from voxgate.serving.voices import ClonedVoices, OwnerDigests, VoiceOwners
 from voxgate.speech.limits import SessionCounter, StreamLimiter
@@ -350,13 +350,20 @@ class ServerState:
                          speed=speed, instructions=instructions, formats=formats)  # fmt: skip
 
     def record_first_audio(
-        self, endpoint: str, request_id: str, clocks: tuple[float, ...], opens_utterance: bool
+        self,
+        endpoint: str,
+        request_id: str,
+        clocks: tuple[float, ...],
+        opens_utterance: bool,
+        marks: dict[str, float] | None = None,
     ) -> None:
         """A WebSocket segment's first audio written: from the segment becoming speakable (its
         last unit received, or a flush) to its first audio bytes handed to the socket. The
         first segment of an utterance is that utterance's TTFA (`voxgate_ttfa_seconds`).
         `clocks` are the perf_counter readings on the way, first (speakable) to last (written);
-        with all six, each step is exported as a stage (`FIRST_AUDIO_STAGES`)."""
+        with all six, each step is exported as a stage (`FIRST_AUDIO_STAGES`), and the engine's
+        own `marks` (`AudioChunk.marks`), where it keeps them, split the engine stage
+        (`ENGINE_STAGES`, in the timings ring only)."""
         latency_s = clocks[-1] - clocks[0]
         if opens_utterance:
             self.metrics.ttfa.labels(endpoint, "false").observe(latency_s)
@@ -368,6 +375,11 @@ class ServerState:
             for stage, seconds in zip(FIRST_AUDIO_STAGES, steps, strict=True):
                 self.metrics.first_audio_stages.labels(endpoint, stage).observe(seconds)
             entry["stages_ms"] = {stage: round(s * 1000, 3) for stage, s in zip(FIRST_AUDIO_STAGES, steps, strict=True)}
+            if marks is not None and all(k in marks for k in ENGINE_MARKS):
+                slot, ready = clocks[2], clocks[3]  # the engine stage: from the slot to the chunk taken
+                inner = itertools.pairwise([slot, *(marks[k] for k in ENGINE_MARKS), ready])
+                entry["engine_ms"] = {stage: round(max(0.0, b - a) * 1000, 3)
+                                      for stage, (a, b) in zip(ENGINE_STAGES, inner, strict=True)}  # fmt: skip
         self.timings.append(entry)
 
     def record(self, endpoint: str, request_id: str, timing: Timing, status: str, starter: bool) -> None:

@@ -459,7 +459,7 @@ class Gateway:
                 if entry.ready_at is not None:  # a segment's first audio is out: server-side latency
                     self.state.record_first_audio(
                         "/v1/tts/ws", f"{s.session_id}:{entry.message['unit_start']}",
-                        (entry.ready_at, *entry.stamps, time.perf_counter()), entry.opens_utterance,
+                        (entry.ready_at, *entry.stamps, time.perf_counter()), entry.opens_utterance, entry.marks,
                     )  # fmt: skip
         except asyncio.CancelledError:
             raise
@@ -556,7 +556,7 @@ class Gateway:
                     continue
                 if stamps is None:
                     stamps = (taken, slot, chunk.t_ready, time.perf_counter())
-                    s.audio(segment, data, encoder.samples_out - logged, stamps)
+                    s.audio(segment, data, encoder.samples_out - logged, stamps, chunk.marks)
                 else:
                     s.audio(segment, data, encoder.samples_out - logged)
                 logged = encoder.samples_out

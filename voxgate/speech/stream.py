@@ -62,6 +62,7 @@ def join_chunks(parts: list[AudioChunk]) -> AudioChunk:
         ends[-1] if ends else None,
         parts[-1].t_ready,
         np.concatenate(pcm16) if len(pcm16) == len(parts) else None,
+        parts[0].marks,
     )
 
 

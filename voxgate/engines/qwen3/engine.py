@@ -39,7 +39,7 @@ from voxgate.engines.qwen3.hub import resolve_model
 from voxgate.engines.qwen3.loader import Qwen3Checkpoint, load_checkpoint
 from voxgate.engines.qwen3.prompt import Prompt, PromptBuilder, PromptPlan, TextTable
 from voxgate.engines.qwen3.prompt_thread import PromptThread
-from voxgate.engines.qwen3.runner import END, Job, Runner
+from voxgate.engines.qwen3.runner import DEFAULT_LAUNCH_MARGIN_S, END, Job, Runner
 from voxgate.engines.qwen3.scheduler import Scheduler
 from voxgate.engines.qwen3.voices import VoiceStore
 from voxgate.types import (
@@ -83,6 +83,7 @@ class Qwen3Engine(Engine):
         lead_ms: float = 1500.0,
         text_table: bool | None = None,
         pcm16_step: bool = False,
+        late_launch: bool = False,
     ):
         if packet_frames < 1:
             raise ValueError("packet_frames must be >= 1")
@@ -109,7 +110,8 @@ class Qwen3Engine(Engine):
             scheduler = Scheduler(max_streams, max_waiting, max_prefills_per_step=max_streams, buckets=decoder.buckets)
             frame_s = checkpoint.codec.config.samples_per_frame / SAMPLE_RATE
             lead_s = lead_ms / 1000 if lead_ms > 0 else math.inf
-            self.runner = Runner(decoder, scheduler, frame_s, lead_s, pcm16=pcm16_step)
+            margin = DEFAULT_LAUNCH_MARGIN_S if late_launch else None
+            self.runner = Runner(decoder, scheduler, frame_s, lead_s, pcm16=pcm16_step, launch_margin_s=margin)
         self.eager_reason = (
             None
             if self.runner is not None and self.runner.decoder.stats.captured
@@ -156,7 +158,8 @@ class Qwen3Engine(Engine):
                     "cancelled": float(run.cancelled), "failed": float(run.failed),
                     "queue_seconds": run.queue_seconds, "stream_steps": float(run.rows_stepped),
                     "stream_steps_held": float(run.rows_held),
-                    "stream_steps_reader_behind": float(run.rows_stalled)}  # fmt: skip
+                    "stream_steps_reader_behind": float(run.rows_stalled),
+                    "steps_launched_gpu_idle": float(run.launch_idle)}  # fmt: skip
         if self.eager_reason is not None:
             fallbacks[f"no_graphs_{self.eager_reason}"] = float(self._streams_served)
         return {"graph_replays": replays, "eager_fallbacks": fallbacks, "streams": load, "streams_now": now}
@@ -422,12 +425,20 @@ class PolledFrames:
                 self.ended = True
                 raise item
             if (chunk := self._packets.add(item)) is not None:
-                out.append(chunk)
+                out.append(with_marks(chunk, self.job))
         return out
 
     def close(self) -> None:
         """The reader is done: the runner frees the row at its next step."""
         self.job.closed = True
+
+
+def with_marks(chunk: AudioChunk, job: Job) -> AudioChunk:
+    """A stream's first chunk with its job's clock readings (`AudioChunk.marks`); later ones as they are."""
+    if chunk.seq != 0 or job.first_step_at is None or job.first_frame_at is None:
+        return chunk
+    marks = {"submitted": job.submitted_at, "first_step": job.first_step_at, "first_frame": job.first_frame_at}
+    return replace(chunk, marks=marks)
 
 
 class Packets:
@@ -488,4 +499,5 @@ def create(settings: Settings) -> Qwen3Engine:
         prompt_thread=settings.qwen3_prompt_thread,
         lead_ms=settings.qwen3_lead_ms,
         pcm16_step=settings.qwen3_pcm16_step,
+        late_launch=settings.qwen3_late_launch,
     )
