@@ -16,6 +16,11 @@ import numpy as np
 class ListenerClock(Protocol):
     """A listener's playback clock (`speech/clock.PlaybackClock`), as an engine reads it."""
 
+    # True while nobody listens (a dropped WebSocket's session waiting for a resume, voicing into
+    # its replay buffer): a batched engine serves such a stream last, and may stop it (`Preempted`)
+    # to give its place to a stream somebody listens to.
+    absent: bool
+
     def due(self, now: float) -> float:
         """When the listener needs its next audio (`time.perf_counter()`; past while starved)."""
         ...
@@ -269,6 +274,16 @@ class NotReady(VoxgateError):
 
     code = "not_ready"
     status = 503
+
+
+class Preempted(VoxgateError):
+    """The engine stopped a stream nobody listened to, to give its place to one somebody
+    listens to; the caller voices that text again later (the WebSocket gateway does, for a
+    dropped session). Never reaches a client."""
+
+    code = "preempted"
+    status = 503
+    retry_after_s = 1
 
 
 class Busy(VoxgateError):

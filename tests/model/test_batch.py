@@ -259,8 +259,8 @@ def test_a_stream_far_ahead_of_its_listener_waits_while_one_that_is_due_runs(our
 class _Listener:
     """A listener's clock standing still: it needs its next audio at `at`."""
 
-    def __init__(self, at):
-        self.at = at
+    def __init__(self, at, absent=False):
+        self.at, self.absent = at, absent
 
     def due(self, now):
         return self.at
@@ -580,3 +580,35 @@ def test_launching_late_changes_when_steps_start_not_what_streams_say(ours):
     finally:
         plain.close()
         late.close()
+
+
+def test_a_stream_nobody_listens_to_gives_its_row_to_one_somebody_does(ours):
+    """One row: a stream whose listener is absent (a dropped WebSocket session) is running when
+    a stream somebody listens to arrives; the absent one is stopped with `Preempted` (its row
+    freed, never handed out again) and the newcomer runs to its end, sounding as it does alone."""
+    from voxgate.types import Preempted
+
+    params = SamplingParams.greedy(max_new_tokens=300, min_new_tokens=300)  # no EOS: it cannot end first
+    engine = Qwen3Engine(ours["cv06"], sampling=params, batched=True, kv_capacity=512, max_streams=1)
+    runner = engine.runner
+    try:
+        gone = Job("gone", engine.prompts.build("Nobody hears this.", speaker="vivian", language="english"),
+                   params, 1, 300, CancelToken(), play_at=time.perf_counter())  # fmt: skip
+        gone.listener = _Listener(time.perf_counter(), absent=True)
+        runner.submit(gone)
+        first = gone.frames.get(timeout=120)  # running in the one row (unread, it stops 4 s of frames on)
+        assert not isinstance(first, BaseException)
+        here = _job(engine, "here", "Somebody hears this.", "ryan", play_at=time.perf_counter())
+        here.listener = _Listener(time.perf_counter())
+        runner.submit(here)
+        heard = _frames(here)
+        while (item := gone.frames.get(timeout=120)) is not END and not isinstance(item, BaseException):
+            pass
+        assert isinstance(item, Preempted) and gone.ended and runner.stats.preempted == 1
+        assert engine.counters()["streams"]["preempted_no_listener"] == 1
+        alone = _job(engine, "alone", "Somebody hears this.", "ryan")
+        runner.submit(alone)
+        np.testing.assert_allclose(heard, _frames(alone), atol=1e-5)
+        assert runner.load() == (0, 0)
+    finally:
+        engine.close()

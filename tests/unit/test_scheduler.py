@@ -168,3 +168,34 @@ def test_nobody_is_held_while_streams_wait_for_a_row():
     s.finish("a")
     plan = s.plan({"b": 9.0, "c": 0.0}, 1.5)  # c takes the free row; nothing waits now
     assert plan.prefill == (("c", 0),) and plan.decode == (("c", 0),) and plan.held == (("b", 1),)
+
+
+def test_a_stream_nobody_listens_to_goes_last_and_gives_its_row_to_one_somebody_does():
+    s = Scheduler(max_running=4, max_prefills_per_step=4)  # a..d in rows 0..3: full
+    for name in "abcd":
+        s.add(name)
+    s.plan()
+    lead = 1.5
+    # Held while a stream somebody listens to is due, however starved its own clock looks.
+    plan = s.plan({"a": 0.0, "b": -5.0, "c": 0.0, "d": 0.0}, lead, absent={"b"})
+    assert plan.held == (("b", 1),) and plan.preempted == ()
+    # Nobody else due: spare capacity, it moves (voicing into its replay buffer).
+    plan = s.plan({"a": 9.0, "b": -5.0, "c": 9.0, "d": 9.0}, lead, absent={"b"})
+    assert plan.held == () and len(plan.decode) == 4
+    # A stream somebody listens to waits for a row: the absent one admitted last gives its row up.
+    s.add("e")
+    plan = s.plan(None, lead, absent={"b", "c"})
+    assert plan.preempted == (("c", 2),) and plan.prefill == (("e", 2),)
+    assert s.running == 4 and s.waiting == 0 and "c" not in [i for i, _ in plan.decode]
+    # Absent streams waiting take no row from anyone, and nobody gives a row to them.
+    s.add("f")
+    plan = s.plan(None, lead, absent={"b", "f"})
+    assert plan.preempted == () and plan.prefill == () and s.waiting == 1
+    # Two listeners waiting, one absent stream running: one row is taken, one still waits.
+    s.add("g")
+    s.add("h")
+    plan = s.plan(None, lead, absent={"b", "f"})
+    assert plan.preempted == (("b", 1),) and [i for i, _ in plan.prefill] == ["g"] and s.waiting == 2
+    assert s.position("f") == 0 and s.position("h") == 1  # admitted listeners first; the queue's order kept
+    s.add("i", priority=5)
+    assert s.position("i") == 0

@@ -147,6 +147,41 @@ def test_resume_replays_whole_segments_after_the_last_unit_received():
     assert refused.value.code == "resume_not_available"
 
 
+def test_a_segment_stopped_midway_is_voiced_again_whole_and_a_resume_gets_it_once():
+    """`requeue` (the engine gave the row of a session nobody listened to to someone else): the
+    segment's audio so far leaves the log, sent or not, and the segment is taken again first;
+    voiced again, its first audio opens the utterance again, and a resume from before it gets
+    that segment's new audio once, then its units.done: every unit, no audio twice."""
+    s = _session(max_pending_units=2)
+    for i in range(4):
+        s.delta(_delta(f"w{i} ", i))
+    s.end()
+    first = s.take_segment()
+    s.audio(first, b"\x00\x01" * 10, 10)
+    s.segment_done(first)
+    cut = s.take_segment()
+    s.audio(cut, b"\x01\x02" * 10, 10, stamps=(1.0,))
+    s.mark_sent()  # the first segment's audio and units.done went out before the socket dropped
+    s.mark_sent()
+    s.mark_sent()  # and the cut segment's first audio
+    s.audio(cut, b"\x02\x03" * 10, 10)  # made while nobody listened
+    logged_bytes, samples = s.unsent_bytes, s.audio_samples
+    s.requeue(cut)
+    assert s.unsent() is None and s.unsent_bytes == logged_bytes - (64 + 20) and s.audio_samples == samples - 20
+    assert s.take_segment() is cut  # first again, whole
+    s.audio(cut, b"\x03\x04" * 10, 10, stamps=(2.0,))
+    s.segment_done(cut)
+    _speak_all(s)
+    s.resume(1)  # the client had the first segment only
+    again = _drain(s)
+    audio = [m for m in again if m["type"] == "audio"]
+    assert [(m["unit_start"], m["unit_end"]) for m in audio] == [(2, 3)]  # the new audio only, once
+    assert [m["type"] for m in again] == ["audio", "units.done", "utterance.done"]
+    assert audio[0]["seq"] > 2  # the dropped messages' seq numbers are not used again
+    entry = next(e for e in s._log if e.message is audio[0] or e.message == audio[0])
+    assert entry.first and entry.stamps == (2.0,) and not entry.opens_utterance  # the second segment's
+
+
 def test_resume_beyond_the_replay_buffer_is_refused():
     s = Session("s", SessionStart(type="session.start", max_pending_units=1), 24000, replay_bytes=65536)
     for i in range(40):

@@ -124,6 +124,7 @@ class Session:
     _trimmed_key: float = -1.0  # highest key among entries trimmed away
     _seq: int = 0
     _last_audio_of: Segment | None = None
+    _audio_before: Segment | None = None  # what `_last_audio_of` was before its segment's first audio
 
     # ------------------------------------------------------------------ client text
 
@@ -371,7 +372,7 @@ class Session:
             entry.first, entry.ready_at, entry.stamps, entry.text = True, segment.queued_at, stamps, segment.text
             entry.marks = marks
             entry.opens_utterance = self._last_audio_of is None or self._last_audio_of.utterance != segment.utterance
-            self._last_audio_of = segment
+            self._audio_before, self._last_audio_of = self._last_audio_of, segment
 
     def segment_done(self, segment: Segment, error: tuple[str, str] | None = None) -> None:
         """The engine finished the segment (or failed: `error` = (code, message))."""
@@ -385,6 +386,33 @@ class Session:
         done.text = segment.text
         self._inflight = None
         self._maybe_finish_utterance()
+
+    def requeue(self, segment: Segment) -> None:
+        """The engine stopped the segment before its end (`Preempted`: nobody listened, and a
+        listener elsewhere needed its place): its audio so far leaves the log and it goes back
+        to the front of the queue, to be voiced again whole. A resumed client gets one whole
+        segment either way (it discards the audio of a segment it had no `units.done` for,
+        docs/protocol.md); the removed messages' `seq` numbers are not used again."""
+        if not self.current(segment):
+            return
+        kept: list[Entry] = []
+        for index, entry in enumerate(self._log):
+            m = entry.message
+            if m["type"] != "audio" or m["utterance"] != segment.utterance or m["unit_start"] != segment.unit_start:
+                kept.append(entry)
+                continue
+            self._log_bytes -= entry.size
+            self.audio_samples -= m["samples"]
+            if index < self._cursor:
+                self._cursor -= 1
+            else:
+                self._unsent_bytes -= entry.size
+        self._log = kept
+        if self._last_audio_of is segment:
+            self._last_audio_of = self._audio_before
+        self._inflight = None
+        self._queue.appendleft(segment)
+        self._queued_chars += len(segment.text)
 
     def _maybe_finish_utterance(self) -> None:
         busy = self._pending or self._inflight is not None or any(s.utterance == self.utterance for s in self._queue)

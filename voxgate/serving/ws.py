@@ -43,7 +43,7 @@ from voxgate.serving.wsproto import (
     parse_client,
 )
 from voxgate.speech.stream import EngineStream
-from voxgate.types import Busy, VoxgateError
+from voxgate.types import Busy, Preempted, VoxgateError
 
 log = logging.getLogger(__name__)
 # The socket's formats (`session.start` `format`): PCM and mu-law, and the compressed ones whose
@@ -335,6 +335,7 @@ class Gateway:
         if live.socket is not websocket:
             return
         live.socket = None
+        live.clock.absent = True  # its stream goes last, and gives its row to a listener who is there
         self._stop_writer(live)
         if live.session.done and live.session.drained:
             self._end(live)
@@ -547,6 +548,7 @@ class Gateway:
         # every stream a decoder gets intact.
         encoder = make_encoder(live.plan.fmt, engine.sample_rate, live.plan.sample_rate)
         failure: tuple[str, str] | None = None
+        preempted = False
         try:
             stamps: tuple[float, ...] | None = None  # the clocks on the way to the segment's first audio
             logged = 0  # samples of audio logged: a compressed piece may hold samples given before it
@@ -563,6 +565,8 @@ class Gateway:
                 live.wake.set()
                 await self._room(live, segment)
             s.audio(segment, encoder.flush(), encoder.samples_out - logged)
+        except Preempted:  # nobody listened and a listener elsewhere needed the row: voiced again later
+            preempted = True
         except VoxgateError as exc:
             failure = (exc.code, exc.message)
         finally:
@@ -570,7 +574,11 @@ class Gateway:
             stream.cancel("done")
             live.stream = None
             self.state.limiter.release(live.owner, in_session=True)
-        s.segment_done(segment, failure)
+        if preempted:
+            s.requeue(segment)
+            live.work.set()
+        else:
+            s.segment_done(segment, failure)
 
     async def _room(self, live: Live, segment: Segment) -> None:
         """Wait while the session's unsent output is over its bound: warn, then drop the socket."""

@@ -19,15 +19,16 @@ from __future__ import annotations
 
 
 class PlaybackClock:
-    __slots__ = ("end", "sent_s")
+    __slots__ = ("absent", "end", "sent_s")
 
     def __init__(self) -> None:
         self.end: float | None = None  # when the audio sent so far ends playing; None before any
         self.sent_s = 0.0  # seconds of audio sent
+        self.absent = False  # nobody listens now (a dropped socket; `types.ListenerClock`)
 
     def reset(self) -> None:
-        """A new listener (a resumed session's new socket): nothing in hand yet."""
-        self.end, self.sent_s = None, 0.0
+        """A new listener (a resumed session's new socket): there, with nothing in hand yet."""
+        self.end, self.sent_s, self.absent = None, 0.0, False
 
     def add(self, seconds: float, now: float) -> None:
         """`seconds` of audio handed to the listener at `now`."""

@@ -159,7 +159,8 @@ class Qwen3Engine(Engine):
                     "queue_seconds": run.queue_seconds, "stream_steps": float(run.rows_stepped),
                     "stream_steps_held": float(run.rows_held),
                     "stream_steps_reader_behind": float(run.rows_stalled),
-                    "steps_launched_gpu_idle": float(run.launch_idle)}  # fmt: skip
+                    "steps_launched_gpu_idle": float(run.launch_idle),
+                    "preempted_no_listener": float(run.preempted)}  # fmt: skip
         if self.eager_reason is not None:
             fallbacks[f"no_graphs_{self.eager_reason}"] = float(self._streams_served)
         return {"graph_replays": replays, "eager_fallbacks": fallbacks, "streams": load, "streams_now": now}

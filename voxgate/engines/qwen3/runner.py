@@ -29,6 +29,11 @@ stretch): streams that arrive meanwhile are prefilled into it, one step sooner, 
 still finds the next step queued when it gets there. `launch_idle` counts the launches that came
 after the GPU had finished the step before (the margin was too small for the host's work).
 
+Listeners absent: a job whose listener is not there (`ListenerClock.absent`: a dropped
+WebSocket's session) is held while others are due and, when a job somebody listens to waits for
+a row, stopped with `Preempted` to free its row (`scheduler.py`); the caller voices its text
+again later.
+
 Readers behind: a job whose reader has `backlog_s` of frames it has not taken (a client that
 stopped reading, a transport pacing its sends, a benchmark's slow client) is held, played in
 real time or not, unless streams wait for a row (then it runs on, to free its row), and moves
@@ -56,7 +61,7 @@ from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.prompt import Prompt, PromptPlan
 from voxgate.engines.qwen3.scheduler import Scheduler
 from voxgate.engines.qwen3.step_cost import StepCosts
-from voxgate.types import CancelToken, EngineFailure, ListenerClock
+from voxgate.types import CancelToken, EngineFailure, ListenerClock, Preempted
 
 log = logging.getLogger(__name__)
 END = None  # put on a job's queue after its last frame
@@ -114,6 +119,7 @@ class RunnerStats:
     rows_held: int = 0  # sum over steps of the streams held (the deadline rule, readers behind)
     rows_stalled: int = 0  # of those, held because their readers were behind
     launch_idle: int = 0  # steps launched after the GPU had finished the one before (it waited for the host)
+    preempted: int = 0  # streams nobody listened to, stopped to free their rows
 
 
 DEFAULT_LEAD_S = 1.5  # a real-time stream with more audio than this ahead of its listener may be held
@@ -225,8 +231,11 @@ class Runner:
                     for job in self._jobs.values():
                         job.put(EngineFailure("the engine is shutting down"))
                     return
-                stalled = self._stalled()
-                plan = self.scheduler.plan(self._ahead(time.perf_counter()), self.lead_s, stalled)
+                stalled, absent = self._stalled(), self._absent()
+                plan = self.scheduler.plan(self._ahead(time.perf_counter()), self.lead_s, stalled, absent)
+                for i, _ in plan.preempted:  # before the prefills: their rows are someone else's now
+                    self.stats.preempted += 1
+                    self._end(self._jobs[i], Preempted("stopped for a stream somebody listens to"))
                 if not plan.prefill and not plan.decode and pending is None:
                     # Every running stream's reader is behind: nothing to step until one takes a
                     # frame (readers do not signal it), so look again in a quarter of a frame.
@@ -280,6 +289,10 @@ class Runner:
         with self._lock:
             while not self._closed and (left := deadline - time.perf_counter()) > 0:
                 self._lock.wait(left)
+
+    def _absent(self) -> set[str]:
+        """Jobs whose listeners are not there (`ListenerClock.absent`), running or waiting."""
+        return {i for i, job in self._jobs.items() if job.listener is not None and job.listener.absent}
 
     def _stalled(self) -> set[str]:
         """Running jobs whose readers have `backlog_s` of frames they have not taken."""

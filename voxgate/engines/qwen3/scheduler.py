@@ -23,7 +23,12 @@ bucket (1, 2, 4, 8, ...) whose captured graph covers the rows in use. Policy:
 - a stream whose reader has fallen behind (`stalled`: the runner says which, by the frames
   made and not yet taken) is held whenever no stream waits for a row, and counts as ahead for
   the deadline rule: audio nobody has taken cannot be helped by more of it, so a client that
-  stops reading costs neither frames in memory nor the others' steps.
+  stops reading costs neither frames in memory nor the others' steps;
+- nobody listening (`absent`: a dropped WebSocket's session, voicing into its replay buffer
+  for a resume) is the lowest priority of all: such a running stream is held while any stream
+  that somebody listens to is due, and when a stream somebody listens to waits for a row, an
+  absent one gives its row up (`Plan.preempted`; the caller voices that text again later):
+  departed listeners' work never stands between a new listener and its first audio.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ class Plan:
     decode: tuple[tuple[str, int], ...]  # (stream, row) of every running stream that moves, new ones included
     bucket: int  # captured batch size covering every row that moves (0 when nothing runs)
     held: tuple[tuple[str, int], ...] = ()  # (stream, row) running but kept still this step (the deadline rule)
+    preempted: tuple[tuple[str, int], ...] = ()  # (stream, row) stopped to free its row: end them before prefills
 
 
 @dataclass
@@ -112,29 +118,57 @@ class Scheduler:
         return now - self._get(stream_id).enqueued_at
 
     def plan(
-        self, ahead: Mapping[str, float] | None = None, lead: float = math.inf, stalled: Collection[str] = ()
+        self,
+        ahead: Mapping[str, float] | None = None,
+        lead: float = math.inf,
+        stalled: Collection[str] = (),
+        absent: Collection[str] = (),
     ) -> Plan:
         """Admit what fits (priority first) and say what runs on the next step; with `ahead`
         (stream -> seconds its audio is ahead of its listener), hold by the deadline rule; hold
-        the `stalled` streams (their readers are behind) unless a stream waits for a row."""
+        the `stalled` streams (their readers are behind) unless a stream waits for a row; the
+        `absent` streams (nobody listens) are held while others are due, and give their rows
+        to streams somebody listens to that wait for one."""
+        preempted = self._preempt(absent)
         admitted: list[tuple[str, int]] = []
+        regrouped = bool(absent and self._waiting)
+        if regrouped:  # streams somebody listens to are admitted first (stable: in queue order)
+            self._waiting.sort(key=lambda k: k[-1] in absent)
         while self._waiting and len(self._running) < self.max_running and len(admitted) < self.max_prefills_per_step:
             *_, stream_id = self._waiting.pop(0)
             stream = self._streams[stream_id]
             stream.phase, stream.row = Phase.RUNNING, heapq.heappop(self._free_rows)
             self._running.append(stream_id)
             admitted.append((stream_id, stream.row))
+        if regrouped:
+            self._waiting.sort()  # the queue's own order again (positions and inserts bisect it)
         moving, held = self._running, []
-        if not self._waiting and (ahead or stalled):
+        if not self._waiting and (ahead or stalled or absent):
             still = {i for i in self._running if i in stalled}
-            far = {i for i in self._running if i not in still and ahead and ahead.get(i, -math.inf) > lead}
+            ahead = ahead or {}
+            far = {i for i in self._running if i not in still and (i in absent or ahead.get(i, -math.inf) > lead)}
             if len(still) + len(far) == len(self._running):
                 far = set()  # nobody due: the step is spare capacity for every stream that can use it
             moving = [i for i in self._running if i not in still and i not in far]
             held = [i for i in self._running if i in still or i in far]
         decode = tuple((i, self._streams[i].row) for i in moving)
         rows = max((row for _, row in decode), default=-1) + 1
-        return Plan(tuple(admitted), decode, self.bucket_for(rows), tuple((i, self._streams[i].row) for i in held))
+        return Plan(tuple(admitted), decode, self.bucket_for(rows), tuple((i, self._streams[i].row) for i in held),
+                    preempted)  # fmt: skip
+
+    def _preempt(self, absent: Collection[str]) -> tuple[tuple[str, int], ...]:
+        """Running streams nobody listens to, dropped so that waiting streams somebody listens
+        to get rows now: one for each such waiting stream that no free row takes, the latest
+        admitted first (the least voiced)."""
+        if not absent or not self._waiting:
+            return ()
+        wanting = sum(1 for *_, i in self._waiting if i not in absent)
+        short = wanting - (self.max_running - len(self._running))
+        victims = [i for i in reversed(self._running) if i in absent][: max(0, short)]
+        out = tuple((i, self._streams[i].row) for i in victims)
+        for i in victims:
+            self._drop(i, Phase.CANCELLED)
+        return out
 
     def bucket_for(self, n: int) -> int:
         if n == 0:
