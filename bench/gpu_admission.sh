@@ -38,5 +38,5 @@ if [ "${OVERLOAD:-1}" = 1 ]; then
         > $RES/overload-$TAG-rows$ROWS.txt 2>&1
     tail -12 $RES/overload-$TAG-rows$ROWS.txt
 fi
-curl -s localhost:8765/metrics | grep -E "^voxgate_(stream_slots|active_streams|streams_waiting|errors_total)" > $RES/metrics-rows$ROWS.txt
+curl -s localhost:8765/metrics | grep -E "^voxgate_(stream_slots|active_streams|streams_waiting|errors_total|engine_streams_total)" > $RES/metrics-rows$ROWS.txt
 kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null
