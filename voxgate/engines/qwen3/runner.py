@@ -386,7 +386,7 @@ class Runner:
                 else:
                     self.scheduler.finish(job.stream_id) if last is END else self.scheduler.cancel(job.stream_id)
                     self.stats.finished += last is END
-                    self.stats.failed += last is not END
+                    self.stats.failed += last is not END and not isinstance(last, Preempted)  # counted apart
                 if job.row >= 0:
                     self.decoder.release(job.row)  # may raise if the GPU is broken: the reader still hears
         finally:
