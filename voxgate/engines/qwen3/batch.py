@@ -353,9 +353,10 @@ class BatchDecoder:
         longest = max(lengths)
         if longest + 2 > self.capacity:
             raise ValueError(f"a prompt of {longest} positions does not fit a KV cache of {self.capacity}")
+        planned = [isinstance(a.prompt, PromptPlan) for a in admissions]  # embedded here, on this stream
         admissions = self._embedded(admissions)
-        for a in admissions:
-            if self.device.type == "cuda":  # prompts may come from another stream: keep their memory until read
+        for a, here in zip(admissions, planned, strict=True):
+            if self.device.type == "cuda" and not here:  # built on another stream: keep its memory until read
                 for t in (a.prompt.embeds, a.prompt.trailing, a.prompt.pad):
                     t.record_stream(torch.cuda.current_stream())
         rows = self._device_tensor([a.row for a in admissions], torch.long)
@@ -415,9 +416,14 @@ class BatchDecoder:
         self.seen.index_fill_(0, rows, False)
         self.held.difference_update(a.row for a in admissions)
         self.pad.copy_(admissions[0].prompt.pad[0])
-        for a in admissions:
-            text = a.prompt.trailing[0, : self.max_text_rows]
-            self.trailing[a.row, : text.shape[0]] = text
+        # Every row's text rows in one copy: (row r, text row t) is r * max_text_rows + t of the
+        # flattened buffer (a burst of admissions is host work done while holding the GIL).
+        texts = [a.prompt.trailing[0, : self.max_text_rows] for a in admissions]
+        places = [a.row * self.max_text_rows + t for a, text in zip(admissions, texts, strict=True)
+                  for t in range(text.shape[0])]  # fmt: skip
+        if places:
+            flat = self.trailing.view(-1, self.trailing.shape[2])
+            flat.index_copy_(0, self._device_tensor(places, torch.long), torch.cat(texts).to(flat.dtype))
         self.codec_state.start_rows(rows, [(a.row, a.context) for a in admissions if a.context is not None])
 
     def release(self, row: int) -> None:

@@ -2,17 +2,21 @@
 values copied into their rows of the batch cache, each row's last hidden state and logits.
 
 Small batches of short prompts (up to 16 prompts of up to 256 positions, the usual case)
-run as CUDA graphs captured at start-up per (prompts, length) bucket, so admitting a stream
-costs a couple of milliseconds instead of a few hundred eager kernel launches; anything
-bigger runs the same code eagerly. Padding is harmless: a row's positions past its own
-prompt are written again by its decode steps before any query can see them, and a batch
-padded to its bucket repeats its last prompt (same row, same values).
+run at fixed shapes, through buffers filled with a few operations whatever the number of
+prompts (a burst of 64 admissions is host work the runner does while holding the GIL): as
+CUDA graphs captured at start-up per (prompts, length) bucket on a GPU, so admitting a stream
+costs a couple of milliseconds instead of a few hundred eager kernel launches, and eagerly
+through the same buffers elsewhere (so the CPU tests run the path the GPU replays). Anything
+bigger runs the same forward eagerly at its own shape. Padding is harmless: a row's positions
+past its own prompt are written again by its decode steps before any query can see them, and a
+batch padded to its bucket repeats its last prompt (same row, same values).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from voxgate.engines.qwen3.layers import KVCache
@@ -32,7 +36,7 @@ class Prefiller:
         self.embeds = torch.zeros(n, length, width, dtype=hidden.dtype, device=self.device)
         self.rows = torch.zeros(n, dtype=torch.long, device=self.device)
         self.ends = torch.zeros(n, dtype=torch.long, device=self.device)
-        self.scratch = talker.new_cache(n, length) if use_graphs and self.device.type == "cuda" else None
+        self.scratch = talker.new_cache(n, length) if use_graphs else None  # the fixed-shape path's
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.replays = 0
         self.lengths = tuple(n for n in LENGTHS if n <= cache.capacity)  # captured prompt lengths
@@ -82,7 +86,8 @@ class Prefiller:
         n = len(prompts)
         bucket_n = next((b for b in PROMPTS if b >= n), None)
         bucket_len = next((b for b in self.lengths if b >= longest), None)
-        if bucket_n is None or bucket_len is None or (bucket_n, bucket_len) not in self.graphs:
+        graph = self.graphs.get((bucket_n, bucket_len)) if bucket_n and bucket_len else None
+        if bucket_n is None or bucket_len is None or self.scratch is None or (self.graphs and graph is None):
             embeds = torch.zeros(n, longest, self.hidden.shape[1], dtype=self.hidden.dtype, device=self.device)
             for i, prompt in enumerate(prompts):
                 embeds[i, : lengths[i]] = prompt[0]
@@ -90,9 +95,20 @@ class Prefiller:
             self._forward(embeds, self.talker.new_cache(n, longest), rows_t, ends, longest)
             return
         pad = bucket_n - n  # repeat the last prompt: same row, same values
-        for i, prompt in enumerate(prompts + prompts[-1:] * pad):
-            self.embeds[i, : prompt.shape[1]] = prompt[0]
-        self.rows[:bucket_n].copy_(to_device(rows + rows[-1:] * pad, torch.long))
-        self.ends[:bucket_n].copy_(to_device([length - 1 for length in lengths + lengths[-1:] * pad], torch.long))
-        self.graphs[bucket_n, bucket_len].replay()
-        self.replays += 1
+        padded, padded_lengths = prompts + prompts[-1:] * pad, lengths + lengths[-1:] * pad
+        # Every prompt's positions into the buffer in one copy: (prompt i, position t) is row
+        # i * width + t of the flattened buffer. One host-to-device copy carries those places,
+        # the rows and the last positions.
+        width, m = self.embeds.shape[1], sum(padded_lengths)
+        places = np.concatenate([i * width + np.arange(length) for i, length in enumerate(padded_lengths)])
+        ends = [length - 1 for length in padded_lengths]
+        index = to_device([*places.tolist(), *(rows + rows[-1:] * pad), *ends], torch.long)
+        joined = torch.cat([p[0] for p in padded]).to(self.embeds.dtype)
+        self.embeds.view(-1, self.embeds.shape[2]).index_copy_(0, index[:m], joined)
+        self.rows[:bucket_n].copy_(index[m : m + bucket_n])
+        self.ends[:bucket_n].copy_(index[m + bucket_n :])
+        if graph is not None:
+            graph.replay()
+            self.replays += 1
+        else:  # no graphs here (the CPU): the same body, eagerly
+            self._body(bucket_n, bucket_len)
