@@ -199,3 +199,15 @@ def test_a_stream_nobody_listens_to_goes_last_and_gives_its_row_to_one_somebody_
     assert s.position("f") == 0 and s.position("h") == 1  # admitted listeners first; the queue's order kept
     s.add("i", priority=5)
     assert s.position("i") == 0
+
+
+def test_an_absent_stream_waiting_for_a_row_does_not_switch_the_holds_off():
+    s = Scheduler(max_running=2, max_prefills_per_step=2)
+    for name in "ab":
+        s.add(name)
+    s.plan()
+    s.add("x")  # a dropped session's segment: it waits behind everyone, and nobody runs on for it
+    plan = s.plan({"a": 0.0, "b": 9.0}, 1.5, stalled=(), absent={"x"})
+    assert plan.held == (("b", 1),) and plan.preempted == () and s.waiting == 1
+    plan = s.plan({"a": 0.0, "b": 0.0}, 1.5, stalled={"b"}, absent={"x"})
+    assert plan.held == (("b", 1),)  # its reader is behind: held, as if nothing waited

@@ -166,20 +166,48 @@ def test_a_segment_stopped_midway_is_voiced_again_whole_and_a_resume_gets_it_onc
     s.mark_sent()  # and the cut segment's first audio
     s.audio(cut, b"\x02\x03" * 10, 10)  # made while nobody listened
     logged_bytes, samples = s.unsent_bytes, s.audio_samples
-    s.requeue(cut)
+    assert s.requeue(cut)  # some of it went out on the socket that was attached since the start
     assert s.unsent() is None and s.unsent_bytes == logged_bytes - (64 + 20) and s.audio_samples == samples - 20
-    assert s.take_segment() is cut  # first again, whole
-    s.audio(cut, b"\x03\x04" * 10, 10, stamps=(2.0,))
-    s.segment_done(cut)
+    again_cut = s.take_segment()  # first again, whole
+    assert (again_cut.unit_start, again_cut.unit_end, again_cut.again) == (2, 3, True)
+    s.audio(again_cut, b"\x03\x04" * 10, 10, stamps=(2.0,))
+    s.segment_done(again_cut)
     _speak_all(s)
-    s.resume(1)  # the client had the first segment only
+    live = _drain(s)  # the socket, still attached or back, is sent what is new: nothing twice
+    assert [m["type"] for m in live] == ["audio", "units.done", "utterance.done"]
+    entry = next(e for e in s._log if e.message is live[0])
+    assert entry.first and entry.stamps == (2.0,) and not entry.opens_utterance  # the second segment's
+    assert entry.ready_at is None  # its first audio was timed when first voiced: not again
+    s.resume(1)  # a client that had the first segment only
     again = _drain(s)
     audio = [m for m in again if m["type"] == "audio"]
-    assert [(m["unit_start"], m["unit_end"]) for m in audio] == [(2, 3)]  # the new audio only, once
-    assert [m["type"] for m in again] == ["audio", "units.done", "utterance.done"]
+    assert again == live and [(m["unit_start"], m["unit_end"]) for m in audio] == [(2, 3)]  # the new audio, once
     assert audio[0]["seq"] > 2  # the dropped messages' seq numbers are not used again
-    entry = next(e for e in s._log if e.message is audio[0] or e.message == audio[0])
-    assert entry.first and entry.stamps == (2.0,) and not entry.opens_utterance  # the second segment's
+
+
+def test_a_requeue_says_whether_the_socket_attached_now_heard_part_of_the_segment():
+    """After a resume, the segment's audio the new socket was sent is part of what it heard:
+    `requeue` says so (the gateway then drops that socket, so its client discards that part);
+    audio sent before the last resume was heard by a socket that dropped (the protocol's
+    discard rule covers it), and unsent audio was heard by nobody."""
+    s = _session(max_pending_units=2)
+    for i in range(4):
+        s.delta(_delta(f"w{i} ", i))
+    first = s.take_segment()
+    s.audio(first, b"\x00\x01" * 10, 10)
+    s.segment_done(first)
+    _drain(s)
+    cut = s.take_segment()
+    s.audio(cut, b"\x01\x02" * 10, 10)
+    _drain(s)  # heard by the first socket, which then dropped
+    s.resume(1)  # the new socket starts from the cut segment's audio: not yet sent again
+    s.audio(cut, b"\x02\x03" * 10, 10)
+    assert not s.requeue(cut)  # nothing of it went out on the new socket
+    cut = s.take_segment()
+    s.audio(cut, b"\x03\x04" * 10, 10)
+    s.resume(1)
+    _drain(s)  # the newest socket heard the segment's start
+    assert s.requeue(cut)
 
 
 def test_resume_beyond_the_replay_buffer_is_refused():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from voxgate.bridge.cuts import abbreviation_holds
@@ -65,6 +65,7 @@ class Segment:
     unit_end: int
     queued_at: float = 0.0  # when it became speakable (the caller's clock)
     starter: bool = False  # the first segment of its utterance (a cached opener may voice it)
+    again: bool = False  # voiced again after the engine stopped it (`Session.requeue`): its latency was recorded
 
 
 @dataclass(slots=True)
@@ -125,6 +126,7 @@ class Session:
     _seq: int = 0
     _last_audio_of: Segment | None = None
     _audio_before: Segment | None = None  # what `_last_audio_of` was before its segment's first audio
+    _sent_from: int = 0  # log index the current socket started sending from (0, or where a resume replays)
 
     # ------------------------------------------------------------------ client text
 
@@ -369,7 +371,8 @@ class Session:
         self.audio_samples += samples
         entry = self._append(header, payload, segment.utterance, segment.unit_end)
         if segment is not self._last_audio_of:
-            entry.first, entry.ready_at, entry.stamps, entry.text = True, segment.queued_at, stamps, segment.text
+            entry.first, entry.stamps, entry.text = True, stamps, segment.text
+            entry.ready_at = None if segment.again else segment.queued_at  # its first audio is timed once
             entry.marks = marks
             entry.opens_utterance = self._last_audio_of is None or self._last_audio_of.utterance != segment.utterance
             self._audio_before, self._last_audio_of = self._last_audio_of, segment
@@ -387,15 +390,20 @@ class Session:
         self._inflight = None
         self._maybe_finish_utterance()
 
-    def requeue(self, segment: Segment) -> None:
+    def requeue(self, segment: Segment) -> bool:
         """The engine stopped the segment before its end (`Preempted`: nobody listened, and a
         listener elsewhere needed its place): its audio so far leaves the log and it goes back
-        to the front of the queue, to be voiced again whole. A resumed client gets one whole
-        segment either way (it discards the audio of a segment it had no `units.done` for,
-        docs/protocol.md); the removed messages' `seq` numbers are not used again."""
+        to the front of the queue, to be voiced again whole. A client that resumes gets one
+        whole segment either way (it discards the audio of a segment it had no `units.done`
+        for when its socket dropped, docs/protocol.md); the removed messages' `seq` numbers
+        are not used again. True when some of that audio went out on the current socket
+        (one that resumed after the engine stopped the segment): that client must be made to
+        resume again, or it hears the segment's start twice."""
         if not self.current(segment):
-            return
+            return False
         kept: list[Entry] = []
+        sent_here = False
+        cursor, sent_from = self._cursor, self._sent_from
         for index, entry in enumerate(self._log):
             m = entry.message
             if m["type"] != "audio" or m["utterance"] != segment.utterance or m["unit_start"] != segment.unit_start:
@@ -403,16 +411,19 @@ class Session:
                 continue
             self._log_bytes -= entry.size
             self.audio_samples -= m["samples"]
-            if index < self._cursor:
+            if index < cursor:
                 self._cursor -= 1
+                sent_here = sent_here or index >= sent_from
+                self._sent_from -= index < sent_from
             else:
                 self._unsent_bytes -= entry.size
         self._log = kept
         if self._last_audio_of is segment:
             self._last_audio_of = self._audio_before
         self._inflight = None
-        self._queue.appendleft(segment)
+        self._queue.appendleft(replace(segment, again=True))
         self._queued_chars += len(segment.text)
+        return sent_here
 
     def _maybe_finish_utterance(self) -> None:
         busy = self._pending or self._inflight is not None or any(s.utterance == self.utterance for s in self._queue)
@@ -457,6 +468,7 @@ class Session:
         if drop:
             del self._log[:drop]
             self._cursor -= drop
+            self._sent_from = max(0, self._sent_from - drop)
 
     def unsent(self) -> Entry | None:
         return self._log[self._cursor] if self._cursor < len(self._log) else None
@@ -482,5 +494,5 @@ class Session:
         if last_unit_received < self._trimmed_key:
             raise ProtocolError("resume_not_available", "that point is older than the replay buffer")
         start = next((i for i, e in enumerate(self._log) if e.key > last_unit_received), len(self._log))
-        self._cursor = start
+        self._cursor = self._sent_from = start
         self._unsent_bytes = sum(e.size for e in self._log[start:])

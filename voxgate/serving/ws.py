@@ -575,7 +575,14 @@ class Gateway:
             live.stream = None
             self.state.limiter.release(live.owner, in_session=True)
         if preempted:
-            s.requeue(segment)
+            socket = live.socket
+            if s.requeue(segment) and socket is not None:
+                # A client resumed between the engine stopping the segment and now, and heard part
+                # of it: dropped, it discards that part (docs/protocol.md) and resumes once more.
+                log.info("session %s: a segment voiced again; dropping the socket that heard its start",
+                         s.session_id)  # fmt: skip
+                self._detach(live, socket)
+                abort(socket)
             live.work.set()
         else:
             s.segment_done(segment, failure)

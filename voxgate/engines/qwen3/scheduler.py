@@ -18,10 +18,10 @@ bucket (1, 2, 4, 8, ...) whose captured graph covers the rows in use. Policy:
   than `lead` ahead is held (stays in its row, does not move) while another running stream
   is within its lead, so steps carry only what a listener is about to need: less work per
   step for the host, a smaller bucket where the high rows are held. Nobody is held while
-  streams wait for a row (every stream runs, to free rows sooner), nor when every stream is
-  ahead (the step is spare capacity: it builds buffer);
+  streams somebody listens to wait for a row (every stream runs, to free rows sooner), nor
+  when every stream is ahead (the step is spare capacity: it builds buffer);
 - a stream whose reader has fallen behind (`stalled`: the runner says which, by the frames
-  made and not yet taken) is held whenever no stream waits for a row, and counts as ahead for
+  made and not yet taken) is held whenever no stream somebody listens to waits for a row, and counts as ahead for
   the deadline rule: audio nobody has taken cannot be helped by more of it, so a client that
   stops reading costs neither frames in memory nor the others' steps;
 - nobody listening (`absent`: a dropped WebSocket's session, voicing into its replay buffer
@@ -126,7 +126,7 @@ class Scheduler:
     ) -> Plan:
         """Admit what fits (priority first) and say what runs on the next step; with `ahead`
         (stream -> seconds its audio is ahead of its listener), hold by the deadline rule; hold
-        the `stalled` streams (their readers are behind) unless a stream waits for a row; the
+        the `stalled` streams (their readers are behind) unless a listened-to stream waits for a row; the
         `absent` streams (nobody listens) are held while others are due, and give their rows
         to streams somebody listens to that wait for one."""
         preempted = self._preempt(absent)
@@ -143,7 +143,8 @@ class Scheduler:
         if regrouped:
             self._waiting.sort()  # the queue's own order again (positions and inserts bisect it)
         moving, held = self._running, []
-        if not self._waiting and (ahead or stalled or absent):
+        listeners_wait = any(i not in absent for *_, i in self._waiting)  # absent ones waiting change nothing
+        if not listeners_wait and (ahead or stalled or absent):
             still = {i for i in self._running if i in stalled}
             ahead = ahead or {}
             far = {i for i in self._running if i not in still and (i in absent or ahead.get(i, -math.inf) > lead)}
