@@ -1,5 +1,5 @@
 #!/bin/sh
-# What `voxgate bench parity` and tests/gpu/test_parity_bf16.py need on the device machine and it
+# What `voxgate bench parity` and tests/gpu/ (test_parity_bf16.py, test_graphs.py) need on the device machine and it
 # lacks, into .gpu-parity/ (git-ignored; pass `.gpu-parity` alone in the run's `carry`: with .gpu
 # beside it a call would pass its 64 MiB): the official Qwen3-TTS (qwen-tts-hf, no deps), the
 # transformers stack it imports, pytest and what tests/conftest.py imports, as wheels for the device's
@@ -18,6 +18,7 @@ python3 -m pip download -q --no-deps --dest .gpu-parity/wheels --only-binary=:al
     fsspec==2026.9.0 tqdm==4.70.1 typing-extensions==4.16.0 psutil==7.2.2 regex==2026.11.19 rich==15.0.0 \
     shellingham==1.5.4 markdown-it-py==4.3.0 mdurl==0.1.2 pygments==2.21.0 annotated-doc==0.0.7 \
     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
+    pydantic-settings==2.16.3 python-dotenv==1.2.4 \
     jinja2==3.1.6 markupsafe==3.0.4 packaging==26.4 \
     httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 anyio==4.16.0 idna==3.20 certifi==2026.10.19.post1 \
     pytest==9.2.0 pytest-timeout==2.4.0 pluggy==1.7.0 iniconfig==2.3.1 hypothesis==6.170.17 \
