@@ -340,11 +340,6 @@ class Settings(BaseSettings):
         description="qwen3 (batched): a stream played in real time with more audio than this ahead of its "
         "listener is held while others need frames (the deadline rule); 0 turns holding off.",
     )
-    qwen3_late_launch: bool = Field(
-        False,
-        description="qwen3 (batched, GPU): launch each step just before the running one ends (its measured GPU "
-        "time, less 2 ms) instead of at once, so streams arriving meanwhile start one step sooner (an A/B switch).",
-    )
     engine_polled: bool = Field(
         True,
         description="Engines that can (batched qwen3) hand each stream's frames to the event loop as they are "

@@ -557,31 +557,6 @@ def test_polled_streams_sound_as_threaded_ones_and_give_their_rows_back(ours):
         engine.close()
 
 
-def test_launching_late_changes_when_steps_start_not_what_streams_say(ours):
-    """`late_launch`: the runner waits, before launching a step, until shortly before the one
-    running is expected to end (on the CPU nothing is measured, so here an expected step time
-    is set by hand: 20 ms, margin 2 ms). Streams submitted while it waits join the next step;
-    each stream's audio is what it is alone, and every row comes back."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    plain = _engine(ours, max_streams=4)
-    late = _engine(ours, max_streams=4, late_launch=True)
-    try:
-        assert plain.runner.launch_margin_s is None and late.runner.launch_margin_s == pytest.approx(0.002)
-        assert late.runner._gpu_cost == {}  # nothing measured on the CPU: no waiting unless told
-        late.runner._gpu_cost = dict.fromkeys(late.runner.decoder.buckets, 0.02)
-        alone = {t: np.concatenate(_speak(plain, t)) for t in TEXTS}
-        with ThreadPoolExecutor(len(TEXTS)) as pool:
-            together = dict(zip(TEXTS, pool.map(lambda t: np.concatenate(_speak(late, t)), TEXTS), strict=True))
-        for text in TEXTS:
-            np.testing.assert_allclose(together[text], alone[text], atol=1e-5)
-        assert late.runner.load() == (0, 0)
-        assert late.counters()["streams"]["steps_launched_gpu_idle"] == 0  # the CPU has no GPU to leave idle
-    finally:
-        plain.close()
-        late.close()
-
-
 def test_a_stream_nobody_listens_to_gives_its_row_to_one_somebody_does(ours):
     """One row: a stream whose listener is absent (a dropped WebSocket session) is running when
     a stream somebody listens to arrives; the absent one is stopped with `Preempted` (its row

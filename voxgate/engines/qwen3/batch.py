@@ -458,10 +458,6 @@ class BatchDecoder:
         can deliver the previous step's frames while the GPU works on this one."""
         needed = max((self.host_position[r] + 1 for r in rows), default=1)
         length = next(n for n in self.lengths if n >= needed)
-        began = None
-        if self.device.type == "cuda":  # when the GPU gets to this step (after what is queued before it)
-            began = torch.cuda.Event(enable_timing=True)
-            began.record()
         graph = self._graphs.get((b, length))
         if graph is not None:
             graph.replay()
@@ -472,7 +468,7 @@ class BatchDecoder:
             self._body(b, length)
         for r in rows:
             self.host_position[r] += 1
-        return PendingStep.start(self.out_codes[:b], self.out_pcm[:b], self._host_buffers(b), began)
+        return PendingStep.start(self.out_codes[:b], self.out_pcm[:b], self._host_buffers(b))
 
     def _host_buffers(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Alternating (pinned, on a GPU) host buffers, so two steps can be in flight."""
@@ -494,36 +490,21 @@ class PendingStep:
     codes: torch.Tensor
     pcm: torch.Tensor
     done: torch.cuda.Event | None
-    began: torch.cuda.Event | None = None  # recorded before the step (timing on): its time on the GPU
 
     @classmethod
-    def start(
-        cls,
-        codes: torch.Tensor,
-        pcm: torch.Tensor,
-        host: tuple[torch.Tensor, torch.Tensor],
-        began: torch.cuda.Event | None = None,
-    ) -> PendingStep:
+    def start(cls, codes: torch.Tensor, pcm: torch.Tensor, host: tuple[torch.Tensor, torch.Tensor]) -> PendingStep:
         host_codes, host_pcm = host
         host_codes.copy_(codes, non_blocking=True)
         host_pcm.copy_(pcm, non_blocking=True)
         done = None
         if codes.is_cuda:
-            done = torch.cuda.Event(enable_timing=began is not None)
+            done = torch.cuda.Event()
             done.record()
-        return cls(host_codes, host_pcm, done, began)
+        return cls(host_codes, host_pcm, done)
 
     def gpu_finished(self) -> bool:
         """Whether the GPU is done with it, without waiting (False on the CPU: no GPU)."""
         return self.done is not None and self.done.query()
-
-    def gpu_seconds(self) -> float | None:
-        """After `result()`: the step's time on the GPU, from when the GPU got to it (not when
-        it was launched: the step before may still have been running) to its outputs copied
-        to the host. None without timing events (the CPU, a profile)."""
-        if self.began is None or self.done is None:
-            return None
-        return self.began.elapsed_time(self.done) / 1000
 
     def result(self) -> StepResult:
         if self.done is not None:

@@ -39,7 +39,7 @@ from voxgate.engines.qwen3.hub import resolve_model
 from voxgate.engines.qwen3.loader import Qwen3Checkpoint, load_checkpoint
 from voxgate.engines.qwen3.prompt import Prompt, PromptBuilder, PromptPlan, TextTable
 from voxgate.engines.qwen3.prompt_thread import PromptThread
-from voxgate.engines.qwen3.runner import DEFAULT_LAUNCH_MARGIN_S, END, Job, Runner
+from voxgate.engines.qwen3.runner import END, Job, Runner
 from voxgate.engines.qwen3.scheduler import Scheduler
 from voxgate.engines.qwen3.voices import VoiceStore
 from voxgate.types import (
@@ -83,7 +83,6 @@ class Qwen3Engine(Engine):
         lead_ms: float = 1500.0,
         text_table: bool | None = None,
         pcm16_step: bool = False,
-        late_launch: bool = False,
     ):
         if packet_frames < 1:
             raise ValueError("packet_frames must be >= 1")
@@ -110,8 +109,7 @@ class Qwen3Engine(Engine):
             scheduler = Scheduler(max_streams, max_waiting, max_prefills_per_step=max_streams, buckets=decoder.buckets)
             frame_s = checkpoint.codec.config.samples_per_frame / SAMPLE_RATE
             lead_s = lead_ms / 1000 if lead_ms > 0 else math.inf
-            margin = DEFAULT_LAUNCH_MARGIN_S if late_launch else None
-            self.runner = Runner(decoder, scheduler, frame_s, lead_s, pcm16=pcm16_step, launch_margin_s=margin)
+            self.runner = Runner(decoder, scheduler, frame_s, lead_s, pcm16=pcm16_step)
         self.eager_reason = (
             None
             if self.runner is not None and self.runner.decoder.stats.captured
@@ -500,5 +498,4 @@ def create(settings: Settings) -> Qwen3Engine:
         prompt_thread=settings.qwen3_prompt_thread,
         lead_ms=settings.qwen3_lead_ms,
         pcm16_step=settings.qwen3_pcm16_step,
-        late_launch=settings.qwen3_late_launch,
     )

@@ -19,15 +19,11 @@ job's lead, and a job more than `lead_s` ahead is held while others are due (`sc
 deadline rule; `batch.py` keeps a held row's state exactly). Jobs without `play_at` (a whole
 file, a benchmark) are never held by that rule.
 
-Launching late: the loop keeps one step queued behind the running one, so the GPU never waits
-for the host; but a stream that arrives just after the queued step was launched then waits for
-two whole steps (the running one and the queued one, neither of them with its row) before its
-first frame is even started. With `launch_margin_s` set (on a GPU), the loop launches the next
-step only `launch_margin_s` before the running one is expected to end (its time on the GPU,
-measured per bucket with CUDA events, not the loop's period, which lingering itself would
-stretch): streams that arrive meanwhile are prefilled into it, one step sooner, and the GPU
-still finds the next step queued when it gets there. `launch_idle` counts the launches that came
-after the GPU had finished the step before (the margin was too small for the host's work).
+The loop keeps one step queued behind the running one, so the GPU does not wait for the host;
+`launch_idle` counts the launches that came after the GPU had finished the step before (the host
+was the bottleneck). Launching each step just before the running one ends instead, so streams
+arriving meanwhile join it a step sooner, was measured on an H100 and gained nothing
+(BENCHMARKS.md issue 17, "late launch"; the switch is in its commit, 4d95d13).
 
 Listeners absent: a job whose listener is not there (`ListenerClock.absent`: a dropped
 WebSocket's session) is held while others are due and, when a job somebody listens to waits for
@@ -127,21 +123,6 @@ DEFAULT_LEAD_S = 1.5  # a real-time stream with more audio than this ahead of it
 # frames stuck behind a busy event loop for a moment do not trigger it (holding on frames made
 # rather than audio sent was tried for the deadline rule and cost underruns under overload).
 DEFAULT_BACKLOG_S = 4.0
-# Launching late (see the module): the next step goes to the GPU this long before the running one
-# is expected to end, enough for the host's work between steps (a plan, prefills, a graph launch:
-# well under a millisecond at 64 rows) and a step that runs a little short.
-DEFAULT_LAUNCH_MARGIN_S = 0.002
-GPU_COST_SMOOTHING = 0.2  # weight of each step's GPU time in its bucket's moving average
-
-
-@dataclass
-class InFlight:
-    """A launched step: the rows in it, its bucket, and when it was launched."""
-
-    step: PendingStep
-    jobs: list[Job]
-    bucket: int
-    launched_at: float
 
 
 class Runner:
@@ -153,17 +134,13 @@ class Runner:
         lead_s: float = DEFAULT_LEAD_S,
         pcm16: bool = False,
         backlog_s: float = DEFAULT_BACKLOG_S,
-        launch_margin_s: float | None = None,
     ) -> None:
         self.decoder, self.scheduler = decoder, scheduler
         self.frame_s, self.lead_s = frame_s, lead_s  # lead_s = inf: never hold
         self.backlog_frames = max(1, math.ceil(backlog_s / frame_s)) if math.isfinite(backlog_s) else None
         self.pcm16 = pcm16  # each step's audio also as 16-bit PCM, converted once for every row
-        self.launch_margin_s = launch_margin_s  # None: launch each step at once (see the module)
         self.stats = RunnerStats()
         self.costs = StepCosts(dict(decoder.stats.step_s))  # what a step takes per bucket (step_cost.py)
-        self._gpu_cost = dict(decoder.stats.step_s)  # bucket -> a step's time on the GPU, seconds (moving)
-        self._gpu_free_at = 0.0  # when the last step waited for was seen finished
         self._jobs: dict[str, Job] = {}
         self._lock = threading.Condition()
         self._closed = False
@@ -219,10 +196,8 @@ class Runner:
         """Pipelined: step n+1 is launched before step n's frames are handed out, so the GPU
         never waits for the host's bookkeeping. A stream that ends at step n may run once more
         in step n+1; that frame is dropped (its row has one spare cache position for it)."""
-        pending: InFlight | None = None
+        pending: tuple[PendingStep, list[Job]] | None = None
         while True:
-            if pending is not None and self.launch_margin_s is not None:
-                self._linger(pending)
             with self._lock:
                 self._drop_cancelled()
                 while not self._closed and not self._jobs and pending is None:
@@ -255,12 +230,11 @@ class Runner:
             running = [job for job in jobs if job is not None and job.row >= 0]
             launched = None
             if running:
-                if pending is not None and pending.step.gpu_finished():
+                if pending is not None and pending[0].gpu_finished():
                     self.stats.launch_idle += 1
                 at = time.perf_counter()
                 try:
-                    launched = InFlight(self.decoder.launch(plan.bucket, [job.row for job in running]), running,
-                                        plan.bucket, at)  # fmt: skip
+                    launched = (self.decoder.launch(plan.bucket, [job.row for job in running]), running)
                 except Exception as exc:  # a broken step fails everyone in it; the loop goes on
                     log.exception("qwen3 decode step failed")
                     for job in running:
@@ -269,26 +243,13 @@ class Runner:
                     if job.first_step_at is None:
                         job.first_step_at = at
             if pending is not None:
-                self._hand_out(pending)
+                self._hand_out(*pending)
             took = time.perf_counter() - started
             if launched is not None and pending is not None:  # a period in which one step waited for another
                 with self._lock:
                     self.costs.record(plan.bucket, took - prefilled)
             pending = launched
             self.stats.busy_seconds += took
-
-    def _linger(self, running: InFlight) -> None:
-        """Wait until `launch_margin_s` before the running step is expected to end (see the
-        module); streams submitted meanwhile are planned into the next step. No estimate of
-        the bucket's time on the GPU (the CPU: steps run as they are launched): no wait."""
-        cost = self._gpu_cost.get(running.bucket)
-        if cost is None or self.launch_margin_s is None:
-            return
-        began = max(running.launched_at, self._gpu_free_at)  # the step before it ended about then
-        deadline = began + cost - self.launch_margin_s
-        with self._lock:
-            while not self._closed and (left := deadline - time.perf_counter()) > 0:
-                self._lock.wait(left)
 
     def _absent(self) -> set[str]:
         """Jobs whose listeners are not there (`ListenerClock.absent`), running or waiting."""
@@ -315,20 +276,14 @@ class Runner:
             ahead[job.stream_id] = start + job.draws * self.frame_s - now
         return ahead
 
-    def _hand_out(self, flight: InFlight) -> None:
-        running = flight.jobs
+    def _hand_out(self, step: PendingStep, running: list[Job]) -> None:
         try:
-            result = flight.step.result()
-            self._gpu_free_at = time.perf_counter()
-            took = flight.step.gpu_seconds()
+            result = step.result()
         except Exception as exc:
             log.exception("qwen3 decode step failed")
             for job in running:
                 self._end(job, EngineFailure(f"decode step failed: {exc}"))
             return
-        if took is not None:
-            old = self._gpu_cost.get(flight.bucket, took)
-            self._gpu_cost[flight.bucket] = old + GPU_COST_SMOOTHING * (took - old)
         self.stats.steps += 1
         self.stats.rows_stepped += len(running)
         pcm16 = to_pcm16(result.pcm) if self.pcm16 else None  # one conversion for every row
