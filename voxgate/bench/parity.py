@@ -32,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bucket", type=int, default=64, help="batch-invariance bucket (0: skip)")
     parser.add_argument("--topk", type=int, default=10, help="k of the top-k agreement")
     parser.add_argument("--no-kernels", action="store_true", help="voxgate without the fused Triton kernels")
+    parser.add_argument("--codec-lean", action="store_true", help="voxgate's codec on its lean path (QWEN3_CODEC_LEAN)")
     parser.add_argument("--output-json", default=None)
 
 
@@ -70,7 +71,7 @@ def run_parity_bench(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = checkpoint(args, Path(scratch))
         result = measure(model_dir, args.device, dtype, args.frames, args.seed, args.bucket, args.topk,
-                         not args.no_kernels)  # fmt: skip
+                         not args.no_kernels, args.codec_lean)  # fmt: skip
     report = {"bench": "parity", "model": args.model_dir or args.model, "tiny": args.tiny, "seed": args.seed,
               "device": args.device, "dtype": args.dtype, "machine": machine(), "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None, **result}  # fmt: skip

@@ -156,7 +156,7 @@ def _progress(message: str) -> None:
 
 def measure(
     model_dir: Path, device: str, dtype: torch.dtype, frames: int, seed: int, bucket: int = 0, k: int = 10,
-    kernels: bool = True,
+    kernels: bool = True, codec_lean: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """The whole comparison on one checkpoint (see the module docstring): a JSON-ready dict."""
     from voxgate.engines.qwen3.loader import load_checkpoint
@@ -178,13 +178,14 @@ def measure(
     yardstick = [run_official(yard, c, voice, frames, t, seed)[1] for c, t in zip(cases, teachers, strict=True)]
     del yard
     _progress(f"official bf16 forced ({time.perf_counter() - t0:.0f} s)")
-    ck = load_checkpoint(model_dir, device, dtype, fused_kernels=kernels)
+    ck = load_checkpoint(model_dir, device, dtype, fused_kernels=kernels, codec_lean=codec_lean)
     decoder = _decoder(ck, max(1, bucket), frames)
     ours = [run_voxgate(decoder, ck, [(c, t)], voice) for c, t in zip(cases, teachers, strict=True)]
     _progress(f"voxgate {dtype} forced ({time.perf_counter() - t0:.0f} s)")
     margin = margins(reference, yardstick)
     result = {"kind": kind, "cases": [c.name for c in cases], "frames_per_case": frames,
               "frames": frames * len(cases), "topk": k, "fused_kernels": ck.talker.model.kernels,
+              "codec_lean": codec_lean,
               "graphs": decoder.stats.captured, "fused_sampler": decoder.fused_sampler, "clear_margin": margin,
               "official_bf16": compare(reference, yardstick, k, margin),
               "voxgate": compare(reference, ours, k, margin)}  # fmt: skip
