@@ -158,3 +158,78 @@ def test_a_batched_sessions_first_audio_splits_the_engine_stage_by_the_runners_c
         assert list(split) == ["open", "wait", "gpu", "pickup"] and min(split.values()) >= 0
         assert sum(split.values()) == pytest.approx(t["stages_ms"]["engine"], abs=0.01)
         assert split["gpu"] > 0  # the tiny model's prefill and first step on the CPU take time
+
+
+def test_a_dropped_session_gives_its_row_to_a_listener_and_gets_its_segment_whole_on_resume(tiny_dirs, tmp_path):
+    """One engine row. Session A's segment is running when its socket drops; session B then
+    needs the row: A's stream gives it up (`Preempted`, or parked once A's output is full), B
+    is voiced to its end, and A, resuming, gets its segment voiced again, whole, once: every
+    unit, one units.done, nothing of the stopped attempt."""
+    import asyncio
+    import re
+    import shutil
+    import time
+
+    import websockets
+
+    from tests.integration.wsclient import Client
+
+    model = tmp_path / "greedy"  # greedy: the same codes every run (no EOS drawn by chance)
+    shutil.copytree(tiny_dirs["cv06"], model)
+    config = json.loads((model / "generation_config.json").read_text())
+    greedy = {**config, "do_sample": False, "subtalker_dosample": False}
+    (model / "generation_config.json").write_text(json.dumps(greedy))
+    env = {"QWEN3_MODEL_DIR": str(model), "STARTER_CACHE": "false", "QWEN3_BATCHED": "true",
+           "QWEN3_MAX_STREAMS": "1", "QWEN3_KV_CAPACITY": "512", "WS_SEND_QUEUE_BYTES": "4096",
+           "WS_RESUME_WINDOW_S": "300"}  # fmt: skip
+    words = "A rather long sentence that the first listener will not hear to its end today."
+
+    def metric(server, name: str) -> float:
+        text = httpx.get(f"{server.url}/metrics", timeout=30).text
+        found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+        return float(found.group(1)) if found else 0.0
+
+    async def run(server) -> tuple[list[dict], list[dict], list[dict]]:
+        url = server.url.replace("http", "ws") + "/v1/tts/ws"
+        ws = await websockets.connect(url)
+        a = Client(ws)
+        started = await a.start(voice="vivian", language="en", segments="utterance")
+        await a.words(words)
+        await a.send(type="text.end")
+        await a.until("audio", timeout=120)  # its one segment is running
+        ws.transport.abort()  # no close frame: a lost network
+        deadline = time.monotonic() + 60
+        while metric(server, "voxgate_ws_sessions_detached") < 1:  # the server has seen the drop
+            assert time.monotonic() < deadline, "the server never saw the dropped socket"
+            await asyncio.sleep(0.05)
+        async with websockets.connect(url) as ws_b:
+            b = Client(ws_b)
+            await b.start(voice="ryan", language="en")
+            await b.words("Somebody is listening now.")
+            await b.send(type="text.end")
+            b_done = await b.until("utterance.done", timeout=120)
+        async with websockets.connect(url) as ws_a:
+            again = Client(ws_a)
+            resume = {"session_id": started["session_id"], "resume_token": started["resume_token"],
+                      "last_unit_index_received": -1}  # fmt: skip
+            resumed = await again.start(resume=resume)
+            assert resumed["resumed"] is True
+            a_done = await again.until("utterance.done", timeout=120)
+        return [b_done], a.messages, [a_done, *again.messages]
+
+    with ServerProcess("qwen3", env=env) as server:
+        b_done, before, after = asyncio.run(run(server))
+        stopped = sum(metric(server, f'voxgate_ws_segments_revoiced_total{{reason="{why}"}}')
+                      for why in ("preempted", "parked"))  # fmt: skip
+    assert b_done[0]["status"] == "completed"
+    # A's stream gave its row up, stopped by the engine for B or by itself once its output was full
+    # (which comes first depends on timing; that it could not have run to its end does not: it stops
+    # reading a frame or two after the drop, and is held 4 s of frames on, well short of its end).
+    assert stopped >= 1
+    units = len(words.split())
+    audio = [m for m in after if m["type"] == "audio"]
+    assert audio and all((m["unit_start"], m["unit_end"]) == (0, units - 1) for m in audio)
+    assert [(m["unit_start"], m["unit_end"]) for m in after if m["type"] == "units.done"] == [(0, units - 1)]
+    assert after[0]["status"] == "completed"
+    first_try = {m["seq"] for m in before if m["type"] == "audio"}
+    assert first_try and not first_try & {m["seq"] for m in audio}  # none of the stopped attempt's audio again

@@ -187,6 +187,21 @@ def test_resume_point_is_the_last_units_done_and_the_replay_is_expected():
     assert ledger.audio_s == pytest.approx(0.3) and ledger.discarded_samples == 200
 
 
+def test_after_a_disconnect_a_segment_voiced_again_may_skip_seq_numbers_once():
+    """A segment stopped while nobody listened comes again with new `seq` numbers
+    (docs/protocol.md): after a resume, the first audio of a segment not done before the drop
+    may skip forward; a skip inside a segment, or before any disconnect (the parametrized test
+    above), is still a mismatch."""
+    ledger = ledger_with_sent(9)
+    speak(ledger, 0, 0, 2, 0.5)
+    ledger.audio(audio(1, 3, 5), 200, 0.8)  # its start heard, then the socket was lost
+    assert ledger.disconnected() == 2
+    ledger.audio(audio(4, 3, 5), 200, 1.5)  # voiced again: seq 1..3 are gone for good
+    ledger.audio(audio(6, 3, 5), 200, 1.6)  # a skip inside the segment: a loss
+    ledger.units_done(0, 3, 5)
+    assert ledger.mismatches == 1 and ledger.tally().received == 6
+
+
 def test_a_replay_of_what_was_already_done_is_caught():
     ledger = ledger_with_sent(6)
     speak(ledger, 0, 0, 2, 0.5)

@@ -80,6 +80,10 @@ class SessionLedger:
         self.cancel_requested: set[int] = set()
         self.open_segments: dict[tuple[int, int, int], _OpenSegment] = {}
         self.next_seq = 0
+        # After a disconnect, a segment not done before it may come voiced again (stopped while
+        # nobody listened), with new `seq` numbers (docs/protocol.md): its first audio may skip.
+        self.resumed_after: int | None = None  # the last unit done when the socket was lost
+        self.heard_since_resume: set[tuple[int, int, int]] = set()
         self.last_audio_utterance = -1
         self.last_done_unit = -1
         self.mismatches = 0
@@ -110,7 +114,10 @@ class SessionLedger:
         """An `audio` header and the size of the binary frame that followed it."""
         seq, utt, start, end = (int(header[k]) for k in ("seq", "utterance", "unit_start", "unit_end"))
         self.bytes += nbytes
-        self._check_seq(seq, utt)
+        key = (utt, start, end)
+        revoiced = self.resumed_after is not None and end > self.resumed_after and key not in self.heard_since_resume
+        self.heard_since_resume.add(key)
+        self._check_seq(seq, utt, skip_ok=revoiced)
         if int(header.get("bytes", nbytes)) != nbytes:
             self.mismatch(f"audio seq {seq}: header says {header['bytes']} bytes, frame has {nbytes}")
         if not self._range_ok("audio", utt, start, end):
@@ -180,6 +187,7 @@ class SessionLedger:
         """The socket is gone: drop audio of segments without `units.done` (the server replays them
         with their original `seq`); returns the unit to resume from (`last_unit_index_received`)."""
         replayed = [key for key in self.open_segments if key[2] > self.last_done_unit]
+        self.resumed_after, self.heard_since_resume = self.last_done_unit, set()
         if replayed:
             self.next_seq = min(min(self.open_segments[key].seqs) for key in replayed)
             self.last_audio_utterance = min(key[0] for key in replayed)
@@ -199,9 +207,9 @@ class SessionLedger:
         if len(self.notes) < MAX_MISMATCH_NOTES:
             self.notes.append(note)
 
-    def _check_seq(self, seq: int, utt: int) -> None:
+    def _check_seq(self, seq: int, utt: int, skip_ok: bool = False) -> None:
         hole_by_cancel = any(self.last_audio_utterance <= u < utt for u in self.cancel_requested)
-        if seq < self.next_seq or (seq > self.next_seq and not hole_by_cancel):
+        if seq < self.next_seq or (seq > self.next_seq and not hole_by_cancel and not skip_ok):
             self.mismatch(f"audio seq {seq}, expected {self.next_seq}")
         self.next_seq = max(self.next_seq, seq + 1)
         self.last_audio_utterance = utt

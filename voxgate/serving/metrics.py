@@ -83,6 +83,12 @@ class Metrics:
                                    registry=r)  # fmt: skip
         self.ws_sessions = Gauge("voxgate_ws_sessions", "WebSocket sessions held (attached or awaiting resume).",
                                  registry=r)  # fmt: skip
+        self.ws_revoiced = Counter(
+            "voxgate_ws_segments_revoiced_total",
+            "Segments of dropped sessions stopped before their end, to be voiced again whole on resume: "
+            "preempted (an engine row was needed by a listener) or parked (their output was full).",
+            ["reason"], registry=r,
+        )  # fmt: skip
         self.ws_detached = Gauge("voxgate_ws_sessions_detached", "WebSocket sessions awaiting a resume.", registry=r)
         self.ws_tasks = Gauge("voxgate_ws_tasks", "Gateway tasks alive (writers, synthesisers, janitor).", registry=r)
 

@@ -316,7 +316,7 @@ class Gateway:
 
     def _attach(self, live: Live, websocket: WebSocket, resumed: bool) -> None:
         s = live.session
-        live.socket, live.detached_at = websocket, None
+        live.socket, live.detached_at, live.parked = websocket, None, False
         if not live.reserved:  # a resumed listener gets its voice back, even past the capacity
             self.state.limiter.open_session(force=True)
             live.reserved = True
@@ -498,7 +498,7 @@ class Gateway:
         s, idle = live.session, self.settings.ws_idle_flush_ms / 1000
         try:
             while not s.done:
-                if live.socket is None and s.unsent_bytes >= self.settings.ws_replay_bytes:
+                if live.socket is None and (live.parked or s.unsent_bytes >= self.settings.ws_replay_bytes):
                     # Nobody listens: voice no further ahead than a resume could take at once (the
                     # engine is for the sessions that do listen; a resume wakes this up).
                     live.work.clear()
@@ -548,7 +548,7 @@ class Gateway:
         # every stream a decoder gets intact.
         encoder = make_encoder(live.plan.fmt, engine.sample_rate, live.plan.sample_rate)
         failure: tuple[str, str] | None = None
-        preempted = False
+        stopped: str | None = None  # nobody listens: "preempted" by the engine, or "parked" (output full)
         try:
             stamps: tuple[float, ...] | None = None  # the clocks on the way to the segment's first audio
             logged = 0  # samples of audio logged: a compressed piece may hold samples given before it
@@ -563,10 +563,13 @@ class Gateway:
                     s.audio(segment, data, encoder.samples_out - logged)
                 logged = encoder.samples_out
                 live.wake.set()
-                await self._room(live, segment)
-            s.audio(segment, encoder.flush(), encoder.samples_out - logged)
+                if not await self._room(live, segment):
+                    stopped, live.parked = "parked", True
+                    break
+            else:
+                s.audio(segment, encoder.flush(), encoder.samples_out - logged)
         except Preempted:  # nobody listened and a listener elsewhere needed the row: voiced again later
-            preempted = True
+            stopped = "preempted"
         except VoxgateError as exc:
             failure = (exc.code, exc.message)
         finally:
@@ -574,7 +577,8 @@ class Gateway:
             stream.cancel("done")
             live.stream = None
             self.state.limiter.release(live.owner, in_session=True)
-        if preempted:
+        if stopped is not None:
+            self.state.metrics.ws_revoiced.labels(stopped).inc()
             socket = live.socket
             if s.requeue(segment) and socket is not None:
                 # A client resumed between the engine stopping the segment and now, and heard part
@@ -587,8 +591,10 @@ class Gateway:
         else:
             s.segment_done(segment, failure)
 
-    async def _room(self, live: Live, segment: Segment) -> None:
-        """Wait while the session's unsent output is over its bound: warn, then drop the socket."""
+    async def _room(self, live: Live, segment: Segment) -> bool:
+        """Wait while the session's unsent output is over its bound: warn, then drop the socket.
+        False when nobody listens and the output is full: the segment gives its engine row up
+        (it is voiced again, whole, after a resume) rather than holding it for the whole window."""
         s, limit = live.session, self.settings.ws_send_queue_bytes
         start, warned = time.monotonic(), False
         while s.unsent_bytes > limit and s.current(segment):
@@ -598,7 +604,7 @@ class Gateway:
             waited = time.monotonic() - start
             socket = live.socket
             if socket is None:
-                continue  # detached: wait for a resume (or the janitor)
+                return False
             if not warned and waited >= self.settings.ws_backpressure_warn_s:
                 warned = True
                 self.state.metrics.errors.labels("backpressure").inc()
@@ -606,3 +612,4 @@ class Gateway:
             if waited >= self.settings.ws_backpressure_warn_s + self.settings.ws_backpressure_grace_s:
                 self._drop(live, socket, f"client not reading for {waited:.1f} s")
                 start, warned = time.monotonic(), False
+        return True

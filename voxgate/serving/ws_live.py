@@ -42,6 +42,7 @@ class Live:
     reserved: bool = False  # holds one of the engine's voices (speech/limits.py): while a socket is attached
     clock: PlaybackClock = field(default_factory=PlaybackClock)  # the listener's: audio written (deadlines, pacing)
     dropped: str | None = None  # why the last socket was dropped, told on resume
+    parked: bool = False  # nobody listens and its output is full: synthesis waits for a resume
     close_code: int | None = None  # the writer closes the socket with this once its replies are out
     omni: OmniFraming | None = None  # vLLM-Omni's framing (its path, /v1/audio/speech/stream)
 
