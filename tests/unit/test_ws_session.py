@@ -185,6 +185,22 @@ def test_a_segment_stopped_midway_is_voiced_again_whole_and_a_resume_gets_it_onc
     assert audio[0]["seq"] > 2  # the dropped messages' seq numbers are not used again
 
 
+def test_a_requeue_takes_back_all_the_segments_samples_even_those_trimmed_from_the_replay_buffer():
+    s = Session("s1", SessionStart(type="session.start", max_pending_units=2), 24000, replay_bytes=300)
+    for i in range(4):
+        s.delta(_delta(f"w{i} ", i))
+    first = s.take_segment()
+    s.audio(first, b"\x00\x01" * 10, 10)
+    s.segment_done(first)
+    cut = s.take_segment()
+    for _ in range(6):  # sent as made: the oldest go out of the 300-byte replay buffer
+        s.audio(cut, b"\x01\x02" * 50, 50)
+        _drain(s)
+    assert s.audio_samples == 310 and s._trimmed_key >= cut.unit_end  # some of the cut segment was trimmed
+    s.requeue(cut)
+    assert s.audio_samples == 10  # the first segment's only: session.done's audio_s counts what was kept
+
+
 def test_a_requeue_says_whether_the_socket_attached_now_heard_part_of_the_segment():
     """After a resume, the segment's audio the new socket was sent is part of what it heard:
     `requeue` says so (the gateway then drops that socket, so its client discards that part);

@@ -127,6 +127,7 @@ class Session:
     _last_audio_of: Segment | None = None
     _audio_before: Segment | None = None  # what `_last_audio_of` was before its segment's first audio
     _sent_from: int = 0  # log index the current socket started sending from (0, or where a resume replays)
+    _inflight_samples: int = 0  # audio logged for the segment in flight (`requeue` takes it back)
 
     # ------------------------------------------------------------------ client text
 
@@ -338,6 +339,7 @@ class Session:
         if self._inflight is not None or not self._queue:
             return None
         self._inflight = self._queue.popleft()
+        self._inflight_samples = 0
         self._queued_chars -= len(self._inflight.text)
         return self._inflight
 
@@ -369,6 +371,7 @@ class Session:
 
         self._seq += 1
         self.audio_samples += samples
+        self._inflight_samples += samples
         entry = self._append(header, payload, segment.utterance, segment.unit_end)
         if segment is not self._last_audio_of:
             entry.first, entry.stamps, entry.text = True, stamps, segment.text
@@ -410,7 +413,6 @@ class Session:
                 kept.append(entry)
                 continue
             self._log_bytes -= entry.size
-            self.audio_samples -= m["samples"]
             if index < cursor:
                 self._cursor -= 1
                 sent_here = sent_here or index >= sent_from
@@ -418,6 +420,7 @@ class Session:
             else:
                 self._unsent_bytes -= entry.size
         self._log = kept
+        self.audio_samples -= self._inflight_samples  # trimmed entries' too (their resume is refused anyway)
         if self._last_audio_of is segment:
             self._last_audio_of = self._audio_before
         self._inflight = None
