@@ -202,6 +202,20 @@ def test_after_a_disconnect_a_segment_voiced_again_may_skip_seq_numbers_once():
     assert ledger.mismatches == 1 and ledger.tally().received == 6
 
 
+def test_after_a_disconnect_a_skip_at_a_segment_sent_later_is_still_a_loss():
+    ledger = ledger_with_sent(6)
+    speak(ledger, 0, 0, 2, 0.5)
+    assert ledger.disconnected() == 2  # units 6.. are sent after the drop: their segments are voiced once
+    for i in range(6, 12):
+        ledger.sent(i, 1.0)
+    ledger.audio(audio(1, 3, 5), 200, 1.0)
+    ledger.audio(audio(2, 3, 5), 200, 1.1)  # seq 3, this segment's last audio, is lost
+    ledger.units_done(0, 3, 5)
+    ledger.audio(audio(4, 6, 8), 200, 1.5)  # the next segment's first audio skips it
+    ledger.units_done(0, 6, 8)
+    assert ledger.mismatches == 1
+
+
 def test_a_replay_of_what_was_already_done_is_caught():
     ledger = ledger_with_sent(6)
     speak(ledger, 0, 0, 2, 0.5)

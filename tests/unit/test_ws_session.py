@@ -201,6 +201,34 @@ def test_a_requeue_takes_back_all_the_segments_samples_even_those_trimmed_from_t
     assert s.audio_samples == 10  # the first segment's only: session.done's audio_s counts what was kept
 
 
+def test_an_entry_removed_while_its_bytes_are_on_the_way_moves_nothing_when_sent():
+    """The writer takes an entry and awaits its sends (a slow socket); meanwhile a cancel, or a
+    requeue, removes it. Marking it sent then must not skip what now stands at the cursor (the
+    cancel's utterance.done), nor fail on an empty log; and a requeue counts the entry on its way
+    as heard by the socket."""
+    s = _session(max_pending_units=2)
+    for i in range(2):
+        s.delta(_delta(f"w{i} ", i))
+    segment = s.take_segment()
+    s.audio(segment, b"\x00\x01" * 10, 10)
+    entry = s.unsent()
+    s.sending(entry)
+    s.cancel()
+    s.mark_sent(entry)
+    assert s.unsent() is not None and s.unsent().message["type"] == "utterance.done"
+    s = _session(max_pending_units=2)
+    for i in range(2):
+        s.delta(_delta(f"w{i} ", i))
+    s.end()
+    segment = s.take_segment()
+    s.audio(segment, b"\x00\x01" * 10, 10)
+    entry = s.unsent()
+    s.sending(entry)
+    assert s.requeue(segment)  # its bytes were reaching the client: the gateway must drop the socket
+    s.mark_sent(entry)
+    assert s.unsent() is None and s.unsent_bytes == 0
+
+
 def test_a_requeue_says_whether_the_socket_attached_now_heard_part_of_the_segment():
     """After a resume, the segment's audio the new socket was sent is part of what it heard:
     `requeue` says so (the gateway then drops that socket, so its client discards that part);

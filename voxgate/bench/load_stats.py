@@ -82,7 +82,9 @@ class SessionLedger:
         self.next_seq = 0
         # After a disconnect, a segment not done before it may come voiced again (stopped while
         # nobody listened), with new `seq` numbers (docs/protocol.md): its first audio may skip.
-        self.resumed_after: int | None = None  # the last unit done when the socket was lost
+        # Only such a segment: its units were sent before the drop (no text goes to a dropped
+        # session) and not done by then; a skip anywhere else is still a loss.
+        self.revoicable_units = range(0)  # units of segments that may come voiced again
         self.heard_since_resume: set[tuple[int, int, int]] = set()
         self.last_audio_utterance = -1
         self.last_done_unit = -1
@@ -115,7 +117,7 @@ class SessionLedger:
         seq, utt, start, end = (int(header[k]) for k in ("seq", "utterance", "unit_start", "unit_end"))
         self.bytes += nbytes
         key = (utt, start, end)
-        revoiced = self.resumed_after is not None and end > self.resumed_after and key not in self.heard_since_resume
+        revoiced = end in self.revoicable_units and key not in self.heard_since_resume
         self.heard_since_resume.add(key)
         self._check_seq(seq, utt, skip_ok=revoiced)
         if int(header.get("bytes", nbytes)) != nbytes:
@@ -187,7 +189,8 @@ class SessionLedger:
         """The socket is gone: drop audio of segments without `units.done` (the server replays them
         with their original `seq`); returns the unit to resume from (`last_unit_index_received`)."""
         replayed = [key for key in self.open_segments if key[2] > self.last_done_unit]
-        self.resumed_after, self.heard_since_resume = self.last_done_unit, set()
+        self.revoicable_units = range(self.last_done_unit + 1, len(self.sent_at))
+        self.heard_since_resume = set()
         if replayed:
             self.next_seq = min(min(self.open_segments[key].seqs) for key in replayed)
             self.last_audio_utterance = min(key[0] for key in replayed)

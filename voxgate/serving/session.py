@@ -3,7 +3,8 @@
 The session takes the client's text (`delta`, `flush`, `end`, `cancel`, `finish`), cuts it
 into segments for the engine (`take_segment`), and records everything it must send in an
 ordered **log** (`audio`, `segment_done`): audio, `units.done`, `utterance.done`, errors.
-The writer sends from a cursor into the log (`unsent`, `mark_sent`); a resume moves the
+The writer sends from a cursor into the log (`unsent`, `sending`, `mark_sent`: a cancel or a
+requeue may remove the entry while its bytes are on the way); a resume moves the
 cursor back to the first message the client lacks (`resume`). Sent entries are trimmed from
 the front to a byte budget; what a resume needs is kept or the resume is refused.
 
@@ -128,6 +129,7 @@ class Session:
     _audio_before: Segment | None = None  # what `_last_audio_of` was before its segment's first audio
     _sent_from: int = 0  # log index the current socket started sending from (0, or where a resume replays)
     _inflight_samples: int = 0  # audio logged for the segment in flight (`requeue` takes it back)
+    _on_the_way: Entry | None = None  # the entry the writer is sending (`sending`), until `mark_sent`
 
     # ------------------------------------------------------------------ client text
 
@@ -419,6 +421,7 @@ class Session:
                 self._sent_from -= index < sent_from
             else:
                 self._unsent_bytes -= entry.size
+                sent_here = sent_here or entry is self._on_the_way  # its bytes are reaching the client
         self._log = kept
         self.audio_samples -= self._inflight_samples  # trimmed entries' too (their resume is refused anyway)
         if self._last_audio_of is segment:
@@ -476,7 +479,17 @@ class Session:
     def unsent(self) -> Entry | None:
         return self._log[self._cursor] if self._cursor < len(self._log) else None
 
-    def mark_sent(self) -> None:
+    def sending(self, entry: Entry) -> None:
+        """The writer has started sending `entry` (the one `unsent()` gave it)."""
+        self._on_the_way = entry
+
+    def mark_sent(self, entry: Entry | None = None) -> None:
+        """The writer has sent `entry` (default: the entry at the cursor). Nothing moves when a
+        cancel or a requeue removed it while its bytes were on the way: the cursor is already
+        at what comes next."""
+        self._on_the_way = None
+        if self._cursor >= len(self._log) or (entry is not None and self._log[self._cursor] is not entry):
+            return
         self._unsent_bytes -= self._log[self._cursor].size
         self._cursor += 1
         self._trim()
@@ -498,4 +511,5 @@ class Session:
             raise ProtocolError("resume_not_available", "that point is older than the replay buffer")
         start = next((i for i, e in enumerate(self._log) if e.key > last_unit_received), len(self._log))
         self._cursor = self._sent_from = start
+        self._on_the_way = None  # whatever was on its way went to a socket that is gone
         self._unsent_bytes = sum(e.size for e in self._log[start:])

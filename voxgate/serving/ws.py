@@ -448,12 +448,13 @@ class Gateway:
                     await self._pace(live)
                     if s.unsent() is not entry:  # a cancel removed it while we waited
                         continue
+                s.sending(entry)
                 for frame in self._frames(live, entry):
                     if isinstance(frame, bytes):
                         await websocket.send_bytes(frame)
                     else:
                         await websocket.send_text(frame)
-                s.mark_sent()
+                s.mark_sent(entry)
                 if entry.payload is not None:  # the listener has it now: its playback clock moves
                     live.clock.add(entry.message["samples"] / s.sample_rate, time.perf_counter())
                 live.room.set()
@@ -577,7 +578,7 @@ class Gateway:
             stream.cancel("done")
             live.stream = None
             self.state.limiter.release(live.owner, in_session=True)
-        if stopped is not None:
+        if stopped is not None and s.current(segment):  # (a cancel meanwhile: its output is discarded)
             self.state.metrics.ws_revoiced.labels(stopped).inc()
             socket = live.socket
             if s.requeue(segment) and socket is not None:
@@ -593,9 +594,13 @@ class Gateway:
 
     async def _room(self, live: Live, segment: Segment) -> bool:
         """Wait while the session's unsent output is over its bound: warn, then drop the socket.
-        False when nobody listens and the output is full: the segment gives its engine row up
-        (it is voiced again, whole, after a resume) rather than holding it for the whole window."""
+        False when nobody listens and the output is full (for a session nobody listens to, full
+        is the replay budget: no further ahead than a resume takes at once): the segment gives
+        its engine row up (it is voiced again, whole, after a resume) rather than holding it for
+        the whole window."""
         s, limit = live.session, self.settings.ws_send_queue_bytes
+        if live.socket is None and s.unsent_bytes > min(limit, self.settings.ws_replay_bytes):
+            return False
         start, warned = time.monotonic(), False
         while s.unsent_bytes > limit and s.current(segment):
             live.room.clear()
