@@ -18,6 +18,16 @@ def _delta(text: str, first: int | None) -> TextDelta:
     return TextDelta(type="text.delta", text=text, first_unit_index=first)
 
 
+def _words(n: int, end: bool = False, **config) -> Session:
+    """A session (segments of 2 words) that has had words w0..w{n-1}, and text.end if `end`."""
+    s = _session(max_pending_units=2, **config)
+    for i in range(n):
+        s.delta(_delta(f"w{i} ", i))
+    if end:
+        s.end()
+    return s
+
+
 def _speak_all(s: Session) -> None:
     """Play the engine: every queued segment gets one audio piece and finishes."""
     while (segment := s.take_segment()) is not None:
@@ -152,10 +162,7 @@ def test_a_segment_stopped_midway_is_voiced_again_whole_and_a_resume_gets_it_onc
     segment's audio so far leaves the log, sent or not, and the segment is taken again first;
     voiced again, its first audio opens the utterance again, and a resume from before it gets
     that segment's new audio once, then its units.done: every unit, no audio twice."""
-    s = _session(max_pending_units=2)
-    for i in range(4):
-        s.delta(_delta(f"w{i} ", i))
-    s.end()
+    s = _words(4, end=True)
     first = s.take_segment()
     s.audio(first, b"\x00\x01" * 10, 10)
     s.segment_done(first)
@@ -206,9 +213,7 @@ def test_an_entry_removed_while_its_bytes_are_on_the_way_moves_nothing_when_sent
     requeue, removes it. Marking it sent then must not skip what now stands at the cursor (the
     cancel's utterance.done), nor fail on an empty log; and a requeue counts the entry on its way
     as heard by the socket."""
-    s = _session(max_pending_units=2)
-    for i in range(2):
-        s.delta(_delta(f"w{i} ", i))
+    s = _words(2)
     segment = s.take_segment()
     s.audio(segment, b"\x00\x01" * 10, 10)
     entry = s.unsent()
@@ -216,10 +221,7 @@ def test_an_entry_removed_while_its_bytes_are_on_the_way_moves_nothing_when_sent
     s.cancel()
     s.mark_sent(entry)
     assert s.unsent() is not None and s.unsent().message["type"] == "utterance.done"
-    s = _session(max_pending_units=2)
-    for i in range(2):
-        s.delta(_delta(f"w{i} ", i))
-    s.end()
+    s = _words(2, end=True)
     segment = s.take_segment()
     s.audio(segment, b"\x00\x01" * 10, 10)
     entry = s.unsent()
@@ -234,9 +236,7 @@ def test_a_requeue_says_whether_the_socket_attached_now_heard_part_of_the_segmen
     `requeue` says so (the gateway then drops that socket, so its client discards that part);
     audio sent before the last resume was heard by a socket that dropped (the protocol's
     discard rule covers it), and unsent audio was heard by nobody."""
-    s = _session(max_pending_units=2)
-    for i in range(4):
-        s.delta(_delta(f"w{i} ", i))
+    s = _words(4)
     first = s.take_segment()
     s.audio(first, b"\x00\x01" * 10, 10)
     s.segment_done(first)
