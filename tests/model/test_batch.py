@@ -587,3 +587,27 @@ def test_a_stream_nobody_listens_to_gives_its_row_to_one_somebody_does(ours):
         assert runner.load() == (0, 0)
     finally:
         engine.close()
+
+
+def test_admitting_more_prompts_together_issues_no_more_operations_outside_the_model(ours):
+    """A burst's admissions go into the prefill buffers and the rows' text in a few copies
+    whatever their number (the runner does this holding the GIL the event loop wants): admitting
+    8 prompts together issues as many operations outside the talker's forward as admitting 2.
+    Counted on the CPU, where the fixed-shape path the GPU replays as graphs runs eagerly."""
+    from voxgate.bench.op_count import count_ops
+    from voxgate.engines.qwen3.batch import Admission
+
+    ck = ours["cv06"]
+    builder = PromptBuilder(ck.config, ck.tokenizer, ck.talker)
+    texts = [f"Prompt number {i} of a burst." for i in range(8)]
+    prompts = [builder.build(t, speaker="vivian", language="English", stream_text=True) for t in texts]
+    params = SamplingParams.greedy()
+
+    def outside_the_model(n: int) -> int:
+        decoder = BatchDecoder(ck.talker, ck.codec, slots=8, capacity=256)
+        with count_ops({"model": ck.talker.model, "head": ck.talker.codec_head}) as count:
+            decoder.admit_many([Admission(i, prompts[i], params, i) for i in range(n)])
+        assert count.ops["model"] > 0  # the forward ran through the counted module
+        return count.ops["other"]
+
+    assert outside_the_model(8) == outside_the_model(2)
