@@ -396,8 +396,9 @@ class Session:
         self._maybe_finish_utterance()
 
     def requeue(self, segment: Segment) -> bool:
-        """The engine stopped the segment before its end (`Preempted`: nobody listened, and a
-        listener elsewhere needed its place): its audio so far leaves the log and it goes back
+        """The segment stopped before its end while nobody listened (the engine gave its place to
+        a listener elsewhere, `Preempted`, or the gateway parked it with its output full): its
+        audio so far leaves the log and it goes back
         to the front of the queue, to be voiced again whole. A client that resumes gets one
         whole segment either way (it discards the audio of a segment it had no `units.done`
         for when its socket dropped, docs/protocol.md); the removed messages' `seq` numbers

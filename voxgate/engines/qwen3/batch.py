@@ -35,7 +35,7 @@ from voxgate.engines.qwen3 import gemv
 from voxgate.engines.qwen3.codec import CodecDecoder, DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.fused_sampler import FRAME_ADD, FRAME_SET, RowSettings, TalkerScores, TextRows, sample_codes
-from voxgate.engines.qwen3.prefill import PROMPTS, Prefiller
+from voxgate.engines.qwen3.prefill import PROMPTS, Prefiller, flat_rows
 from voxgate.engines.qwen3.prompt import Prompt, PromptPlan, TextTable
 from voxgate.engines.qwen3.sampling import batched_talker_scores, control_mask, hashed_gumbel, sample_rows
 from voxgate.engines.qwen3.talker import Talker
@@ -419,8 +419,7 @@ class BatchDecoder:
         # Every row's text rows in one copy: (row r, text row t) is r * max_text_rows + t of the
         # flattened buffer (a burst of admissions is host work done while holding the GIL).
         texts = [a.prompt.trailing[0, : self.max_text_rows] for a in admissions]
-        places = [a.row * self.max_text_rows + t for a, text in zip(admissions, texts, strict=True)
-                  for t in range(text.shape[0])]  # fmt: skip
+        places = flat_rows([a.row * self.max_text_rows for a in admissions], [t.shape[0] for t in texts])
         if places:
             flat = self.trailing.view(-1, self.trailing.shape[2])
             flat.index_copy_(0, self._device_tensor(places, torch.long), torch.cat(texts).to(flat.dtype))

@@ -22,6 +22,15 @@ import torch
 from voxgate.engines.qwen3.layers import KVCache
 from voxgate.engines.qwen3.talker import Talker
 
+
+def flat_rows(firsts: list[int], counts: list[int]) -> list[int]:
+    """Rows of a flattened (n, width, H) buffer for `counts[i]` consecutive positions starting at
+    flat row `firsts[i]` (row i * width, say): one index for one `index_copy_` of many pieces."""
+    if not counts:
+        return []
+    return np.concatenate([first + np.arange(count) for first, count in zip(firsts, counts, strict=True)]).tolist()
+
+
 PROMPTS = (1, 2, 4, 8, 16)
 LENGTHS = (32, 64, 128, 256)
 
@@ -100,9 +109,9 @@ class Prefiller:
         # i * width + t of the flattened buffer. One host-to-device copy carries those places,
         # the rows and the last positions.
         width, m = self.embeds.shape[1], sum(padded_lengths)
-        places = np.concatenate([i * width + np.arange(length) for i, length in enumerate(padded_lengths)])
+        places = flat_rows([i * width for i in range(bucket_n)], padded_lengths)
         ends = [length - 1 for length in padded_lengths]
-        index = to_device([*places.tolist(), *(rows + rows[-1:] * pad), *ends], torch.long)
+        index = to_device([*places, *(rows + rows[-1:] * pad), *ends], torch.long)
         joined = torch.cat([p[0] for p in padded]).to(self.embeds.dtype)
         self.embeds.view(-1, self.embeds.shape[2]).index_copy_(0, index[:m], joined)
         self.rows[:bucket_n].copy_(index[m : m + bucket_n])

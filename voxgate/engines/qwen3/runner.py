@@ -32,8 +32,8 @@ again later.
 
 Readers behind: a job whose reader has `backlog_s` of frames it has not taken (a client that
 stopped reading, a transport pacing its sends, a benchmark's slow client) is held, played in
-real time or not, unless streams somebody listens to wait for a row (then it runs on, to free its row), and moves
-again once its reader takes a frame. Frames made and not taken are bounded that way, and such a
+real time or not, unless streams somebody listens to wait for a row (then it runs on, to free
+its row), and moves again once its reader takes a frame. Frames made and not taken are bounded that way, and such a
 job never counts as due: otherwise one reader that stopped could keep every other stream at its
 listener's pace (their steps held while its, useless, moved).
 """

@@ -21,8 +21,8 @@ bucket (1, 2, 4, 8, ...) whose captured graph covers the rows in use. Policy:
   streams somebody listens to wait for a row (every stream runs, to free rows sooner), nor
   when every stream is ahead (the step is spare capacity: it builds buffer);
 - a stream whose reader has fallen behind (`stalled`: the runner says which, by the frames
-  made and not yet taken) is held whenever no stream somebody listens to waits for a row, and counts as ahead for
-  the deadline rule: audio nobody has taken cannot be helped by more of it, so a client that
+  made and not yet taken) is held whenever no stream somebody listens to waits for a row, and
+  counts as ahead for the deadline rule: audio nobody has taken cannot be helped by more of it, so a client that
   stops reading costs neither frames in memory nor the others' steps;
 - nobody listening (`absent`: a dropped WebSocket's session, voicing into its replay buffer
   for a resume) is the lowest priority of all: such a running stream is held while any stream
@@ -126,9 +126,9 @@ class Scheduler:
     ) -> Plan:
         """Admit what fits (priority first) and say what runs on the next step; with `ahead`
         (stream -> seconds its audio is ahead of its listener), hold by the deadline rule; hold
-        the `stalled` streams (their readers are behind) unless a listened-to stream waits for a row; the
-        `absent` streams (nobody listens) are held while others are due, and give their rows
-        to streams somebody listens to that wait for one."""
+        the `stalled` streams (their readers are behind) unless a listened-to stream waits for
+        a row; the `absent` streams (nobody listens) are held while others are due, and give
+        their rows to streams somebody listens to that wait for one."""
         preempted = self._preempt(absent)
         admitted: list[tuple[str, int]] = []
         regrouped = bool(absent and self._waiting)
