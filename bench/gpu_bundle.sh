@@ -17,8 +17,8 @@ python3 -m pip download -q --dest .gpu/wheels --only-binary=:all: --python-versi
     soxr==1.0.0 httpx==0.28.1 websockets==17.4 \
     rjieba==0.2.2 pysbd==0.3.4 av==18.1.0 \
     py-spy==0.4.3
-# The device's own numpy, pytest (pluggy, iniconfig, packaging, pygments) and hypothesis serve: the
-# repository and .gpu/ together must stay under a call's 64 MiB.
-rm -f .gpu/wheels/numpy-*.whl .gpu/wheels/pygments-*.whl
+# The device's own numpy, uvloop, pytest (pluggy, iniconfig, packaging, pygments) and hypothesis
+# serve: the repository and .gpu/ together must stay under a call's 64 MiB (av alone is 36 MB).
+rm -f .gpu/wheels/numpy-*.whl .gpu/wheels/pygments-*.whl .gpu/wheels/uvloop-*.whl
 rm -rf .gpu/qwen3-tts && cp -r ../shared/qwen3-tts .gpu/qwen3-tts
 du -sh .gpu

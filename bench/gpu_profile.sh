@@ -3,7 +3,8 @@
 # goes while the WebSocket gateway serves streamed text on qwen3. For each variant in VARIANTS a
 # fresh server (ROWS rows) runs `voxgate load` (SESSIONS sessions at 5 words/s, DURATION s); the
 # variant named `pyspy` runs the server under py-spy (sampling the threads that hold the GIL,
-# without pausing it) and writes collapsed stacks to $RES/pyspy-*.txt.
+# without pausing it) and writes collapsed stacks to $RES/pyspy-*.txt. The server's /debug/timings
+# after each run go to $RES/timings-*.json.
 # A variant is NAME or NAME:KEY=VALUE,KEY=VALUE (server environment, full names; TREE=DIR runs
 # the server from another voxgate tree, e.g. an older commit unpacked with `git archive`), e.g.
 #   VARIANTS="old1:TREE=/tmp/old new1 old2:TREE=/tmp/old new2 pyspy"
@@ -37,6 +38,8 @@ for VARIANT in ${VARIANTS:-base pyspy}; do
     echo "== $VARIANT"; summary $RES/profile-$TAG-$NAME.json
     grep -E "^(server, |engine stage)" $RES/profile-$TAG-$NAME.txt
     curl -s localhost:8765/metrics | grep -E "^voxgate_engine_streams" > $RES/metrics-$TAG-$NAME.txt
+    curl -s -H "Authorization: Bearer bench-admin" "localhost:8765/debug/timings?last=100000" \
+        > $RES/timings-$TAG-$NAME.json  # at_ms and first_step: how the burst queued and was grouped
     grep -E "steps_launched_gpu_idle|name=\"steps\"" $RES/metrics-$TAG-$NAME.txt
     kill -INT $SERVER 2>/dev/null; wait $SERVER 2>/dev/null
     pkill -f "voxgate serve --port 8765" 2>/dev/null; sleep 2

@@ -68,8 +68,9 @@ class AudioChunk:
     # they are instead of converting on the event loop. None: the encoder converts.
     pcm16: np.ndarray | None = None
     # On a stream's first chunk, where the engine keeps them: its own perf_counter readings on the
-    # way (the batched qwen3 runner: "submitted", "first_step" launched, "first_frame" handed out),
-    # for the server's split of first audio (`/debug/timings`).
+    # way (the batched qwen3 runner: "submitted", "prefill" launched, "first_step" launched,
+    # "first_frame" handed out; and two counts, "admitted_with" and "first_step_rows": the streams
+    # prefilled and stepped with it), for the server's split of first audio (`/debug/timings`).
     marks: dict[str, float] | None = None
 
     @property

@@ -129,7 +129,8 @@ def test_the_polled_runner_path_and_its_16_bit_pcm_serve_the_same_bytes(tiny_dir
 def test_a_batched_sessions_first_audio_splits_the_engine_stage_by_the_runners_clocks(tiny_dirs):
     """The batched runner stamps a stream's first chunk (submitted, first step launched, first
     frame handed out): `/debug/timings` splits the gateway's engine stage by them, in order,
-    adding up to it (each part rounded to a microsecond)."""
+    adding up to it (each part rounded to a microsecond); `at_ms` has every reading in causal
+    order and `first_step` how its first step was made up."""
     import asyncio
 
     import websockets
@@ -158,6 +159,12 @@ def test_a_batched_sessions_first_audio_splits_the_engine_stage_by_the_runners_c
         assert list(split) == ["open", "wait", "gpu", "pickup"] and min(split.values()) >= 0
         assert sum(split.values()) == pytest.approx(t["stages_ms"]["engine"], abs=0.01)
         assert split["gpu"] > 0  # the tiny model's prefill and first step on the CPU take time
+        at = t["at_ms"]  # every reading, in causal order on one clock
+        assert list(at) == ["ready", "taken", "slot", "submitted", "prefill", "first_step", "first_frame", "chunk",
+                            "hop", "written"]  # fmt: skip
+        assert list(at.values()) == sorted(at.values())
+        assert at["written"] - at["ready"] == pytest.approx(t["ttfa_ms"], abs=0.01)
+        assert 1 <= t["first_step"]["admitted_with"] <= t["first_step"]["first_step_rows"]
 
 
 def test_a_dropped_session_gives_its_row_to_a_listener_and_gets_its_segment_whole_on_resume(tiny_dirs, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -20,6 +21,14 @@ FIRST_AUDIO_STAGES = ("queue", "slot", "engine", "hop", "write")
 # it, its prefill, its own step), and the event loop taking the frame.
 ENGINE_MARKS = ("submitted", "first_step", "first_frame")
 ENGINE_STAGES = ("open", "wait", "gpu", "pickup")
+# The readings behind the stages, each kept in the timings ring on the process's clock (`at_ms`,
+# ms from CLOCK_ORIGIN): the segment speakable, taken by its synthesiser, given a slot, its first
+# chunk ready, handed to the writer, written; the engine's own where it has them (its prefill
+# launched too); and the engine's counts for the step it first joined (`first_step`).
+FIRST_AUDIO_CLOCKS = ("ready", "taken", "slot", "chunk", "hop", "written")
+ENGINE_CLOCKS = ("submitted", "prefill", "first_step", "first_frame")
+ENGINE_COUNTS = ("admitted_with", "first_step_rows")
+CLOCK_ORIGIN = time.perf_counter()
 
 
 class Metrics:

@@ -21,7 +21,16 @@ from voxgate.engines.base import Engine, check_request, collect
 from voxgate.engines.registry import create_engine
 from voxgate.serving.auth import Authenticator
 from voxgate.serving.fair import FairLimiter
-from voxgate.serving.metrics import ENGINE_MARKS, ENGINE_STAGES, FIRST_AUDIO_STAGES, Metrics
+from voxgate.serving.metrics import (
+    CLOCK_ORIGIN,
+    ENGINE_CLOCKS,
+    ENGINE_COUNTS,
+    ENGINE_MARKS,
+    ENGINE_STAGES,
+    FIRST_AUDIO_CLOCKS,
+    FIRST_AUDIO_STAGES,
+    Metrics,
+)
 from voxgate.serving.voice_store import VoiceStore
 from voxgate.serving.voices import ClonedVoices, OwnerDigests, VoiceOwners
 from voxgate.speech.limits import SessionCounter, StreamLimiter
@@ -380,6 +389,12 @@ class ServerState:
                 inner = itertools.pairwise([slot, *(marks[k] for k in ENGINE_MARKS), ready])
                 entry["engine_ms"] = {stage: round((b - a) * 1000, 3)  # causal marks on one clock: not clamped
                                       for stage, (a, b) in zip(ENGINE_STAGES, inner, strict=True)}  # fmt: skip
+            # Every reading on the process's clock: how a burst's segments queued and were grouped.
+            at = dict(zip(FIRST_AUDIO_CLOCKS, clocks, strict=True))
+            at.update({k: v for k, v in (marks or {}).items() if k in ENGINE_CLOCKS})
+            ordered = sorted(at.items(), key=lambda kv: kv[1])
+            entry["at_ms"] = {k: round((v - CLOCK_ORIGIN) * 1000, 3) for k, v in ordered}
+            entry["first_step"] = {k: int(v) for k, v in (marks or {}).items() if k in ENGINE_COUNTS}
         self.timings.append(entry)
 
     def record(self, endpoint: str, request_id: str, timing: Timing, status: str, starter: bool) -> None:

@@ -433,10 +433,14 @@ class PolledFrames:
 
 
 def with_marks(chunk: AudioChunk, job: Job) -> AudioChunk:
-    """A stream's first chunk with its job's clock readings (`AudioChunk.marks`); later ones as they are."""
-    if chunk.seq != 0 or job.first_step_at is None or job.first_frame_at is None:
+    """A stream's first chunk with its job's clock readings (`AudioChunk.marks`) and how its
+    first step was made up (the streams prefilled with it, the streams stepped with it: how a
+    burst was grouped); later chunks as they are."""
+    if chunk.seq != 0 or job.started_at is None or job.first_step_at is None or job.first_frame_at is None:
         return chunk
-    marks = {"submitted": job.submitted_at, "first_step": job.first_step_at, "first_frame": job.first_frame_at}
+    marks = {"submitted": job.submitted_at, "prefill": job.started_at, "first_step": job.first_step_at,
+             "first_frame": job.first_frame_at, "admitted_with": float(job.admitted_with),
+             "first_step_rows": float(job.first_step_rows)}  # fmt: skip
     return replace(chunk, marks=marks)
 
 

@@ -83,6 +83,8 @@ class Job:
     submitted_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None  # when its prefill was launched
     first_step_at: float | None = None  # when the step with its first frame was launched
+    first_step_rows: int = 0  # the streams in that step
+    admitted_with: int = 0  # the streams prefilled together with it (itself included)
     first_frame_at: float | None = None  # when its first frame was handed out
     row: int = -1
     draws: int = 0
@@ -241,7 +243,7 @@ class Runner:
                         self._end(job, EngineFailure(f"decode step failed: {exc}"))
                 for job in running:
                     if job.first_step_at is None:
-                        job.first_step_at = at
+                        job.first_step_at, job.first_step_rows = at, len(running)
             if pending is not None:
                 self._hand_out(*pending)
             took = time.perf_counter() - started
@@ -297,7 +299,7 @@ class Runner:
         """All streams admitted this step, prefilled together."""
         now = time.perf_counter()
         for job, _ in admitted:
-            job.started_at = now
+            job.started_at, job.admitted_with = now, len(admitted)
             self.stats.queue_seconds += now - job.submitted_at
             self.stats.admitted += 1
         try:
