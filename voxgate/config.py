@@ -346,6 +346,14 @@ class Settings(BaseSettings):
         "made, with no worker thread per stream (on an H100, 64 streamed-text sessions: gateway-added first "
         "audio ~20 ms lower; BENCHMARKS.md issue 17). false: a worker thread reads each stream.",
     )
+    qwen3_trace_steps: int = Field(
+        0,
+        ge=0,
+        le=4096,
+        description="qwen3 (batched), a diagnostic: log (INFO) the runner's first this many iterations after "
+        "each idle spell, each phase's wall and thread CPU time (plan, prefill, launch, hand-out), to see where "
+        "a burst's first audio goes. 0: off.",
+    )
     qwen3_pcm16_step: bool = Field(
         True,
         description="qwen3 (batched): the runner also converts each step's audio to 16-bit PCM, once for every "

@@ -83,6 +83,7 @@ class Qwen3Engine(Engine):
         lead_ms: float = 1500.0,
         text_table: bool | None = None,
         pcm16_step: bool = False,
+        trace_steps: int = 0,
     ):
         if packet_frames < 1:
             raise ValueError("packet_frames must be >= 1")
@@ -109,7 +110,7 @@ class Qwen3Engine(Engine):
             scheduler = Scheduler(max_streams, max_waiting, max_prefills_per_step=max_streams, buckets=decoder.buckets)
             frame_s = checkpoint.codec.config.samples_per_frame / SAMPLE_RATE
             lead_s = lead_ms / 1000 if lead_ms > 0 else math.inf
-            self.runner = Runner(decoder, scheduler, frame_s, lead_s, pcm16=pcm16_step)
+            self.runner = Runner(decoder, scheduler, frame_s, lead_s, pcm16=pcm16_step, trace_steps=trace_steps)
         self.eager_reason = (
             None
             if self.runner is not None and self.runner.decoder.stats.captured
@@ -502,4 +503,5 @@ def create(settings: Settings) -> Qwen3Engine:
         prompt_thread=settings.qwen3_prompt_thread,
         lead_ms=settings.qwen3_lead_ms,
         pcm16_step=settings.qwen3_pcm16_step,
+        trace_steps=settings.qwen3_trace_steps,
     )

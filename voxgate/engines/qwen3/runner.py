@@ -40,6 +40,7 @@ listener's pace (their steps held while its, useless, moved).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import queue
@@ -127,6 +128,37 @@ DEFAULT_LEAD_S = 1.5  # a real-time stream with more audio than this ahead of it
 DEFAULT_BACKLOG_S = 4.0
 
 
+class PhaseTrace:
+    """A diagnostic (`trace_steps`): the wall and this thread's CPU time of each phase of the
+    runner's first `n` iterations after each idle spell, one log line per iteration. Wall well
+    above CPU in a phase that only launches is time spent waiting for the GIL (or a GPU sync)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.left = n, 0
+        self._marks: list[tuple[str, float, float]] = []
+
+    def woken(self) -> None:
+        self.left = self.n
+
+    def start(self) -> None:
+        if self.left:
+            self._marks = [("", time.perf_counter(), time.thread_time())]
+
+    def mark(self, phase: str) -> None:
+        if self.left:
+            self._marks.append((phase, time.perf_counter(), time.thread_time()))
+
+    def end(self, **counts: int) -> None:
+        if not self.left or not self._marks:
+            return
+        self.left -= 1
+        marks, self._marks = self._marks, []
+        parts = [f"{phase} {1e3 * (w - w0):.2f}/{1e3 * (c - c0):.2f}"
+                 for (_, w0, c0), (phase, w, c) in itertools.pairwise(marks)]  # fmt: skip
+        extra = " ".join(f"{k} {v}" for k, v in counts.items())
+        log.info("runner iteration at %.3f, ms wall/cpu: %s; %s", marks[0][1], ", ".join(parts), extra)
+
+
 class Runner:
     def __init__(
         self,
@@ -136,12 +168,14 @@ class Runner:
         lead_s: float = DEFAULT_LEAD_S,
         pcm16: bool = False,
         backlog_s: float = DEFAULT_BACKLOG_S,
+        trace_steps: int = 0,
     ) -> None:
         self.decoder, self.scheduler = decoder, scheduler
         self.frame_s, self.lead_s = frame_s, lead_s  # lead_s = inf: never hold
         self.backlog_frames = max(1, math.ceil(backlog_s / frame_s)) if math.isfinite(backlog_s) else None
         self.pcm16 = pcm16  # each step's audio also as 16-bit PCM, converted once for every row
         self.stats = RunnerStats()
+        self.trace = PhaseTrace(trace_steps)
         self.costs = StepCosts(dict(decoder.stats.step_s))  # what a step takes per bucket (step_cost.py)
         self._jobs: dict[str, Job] = {}
         self._lock = threading.Condition()
@@ -199,11 +233,14 @@ class Runner:
         never waits for the host's bookkeeping. A stream that ends at step n may run once more
         in step n+1; that frame is dropped (its row has one spare cache position for it)."""
         pending: tuple[PendingStep, list[Job]] | None = None
+        trace = self.trace
         while True:
             with self._lock:
                 self._drop_cancelled()
                 while not self._closed and not self._jobs and pending is None:
                     self._lock.wait()
+                    trace.woken()
+                trace.start()
                 if self._closed:
                     for job in self._jobs.values():
                         job.put(EngineFailure("the engine is shutting down"))
@@ -219,8 +256,10 @@ class Runner:
                     self._lock.wait(self.frame_s / 4)
                     continue
             started = time.perf_counter()
+            trace.mark("plan")
             if plan.prefill:
                 self._prefill([(self._jobs[i], row) for i, row in plan.prefill])
+                trace.mark("prefill")
             for _, row in plan.held:  # after the prefills: a prefill starts its row moving
                 self.decoder.hold(row, True)
             for _, row in plan.decode:
@@ -244,8 +283,11 @@ class Runner:
                 for job in running:
                     if job.first_step_at is None:
                         job.first_step_at, job.first_step_rows = at, len(running)
+                trace.mark("launch")
             if pending is not None:
                 self._hand_out(*pending)
+                trace.mark("hand_out")
+            trace.end(prefilled=len(plan.prefill), stepped=len(running))
             took = time.perf_counter() - started
             if launched is not None and pending is not None:  # a period in which one step waited for another
                 with self._lock:
