@@ -187,6 +187,20 @@ def _speak(engine, text, voice="vivian", cancel=None, priority=0):
     return [c.samples for c in engine.stream(request, cancel or CancelToken())]
 
 
+def test_a_stream_opens_at_once_only_where_its_prompt_is_token_ids(ours):
+    """`opens_at_once` (the server opens such streams on its event loop): batched with a text
+    table, a CustomVoice stream's open is ids and a queue put; a built prompt (no table) is
+    model work, a Base model's cloned voice is GPU work, and the eager engine has no polled path."""
+    cases = [(_engine(ours, text_table=True), True), (_engine(ours, text_table=False), False),
+             (Qwen3Engine(ours["b06"], batched=True, kv_capacity=256, text_table=True), False),
+             (Qwen3Engine(ours["cv06"]), False)]  # fmt: skip
+    try:
+        assert [engine.opens_at_once for engine, _ in cases] == [want for _, want in cases]
+    finally:
+        for engine, _ in cases:
+            engine.close()
+
+
 @pytest.mark.parametrize(("prompt_thread", "text_table"), [(False, False), (True, False), (False, True)])
 def test_concurrent_requests_each_get_what_they_get_alone(ours, prompt_thread, text_table):
     """Batched streams sound as each does alone, whether their prompts come built or as plans
@@ -524,15 +538,18 @@ def _polled_run(engine, text, polled, cancel_after=0, voice="vivian"):
     return asyncio.run(main())
 
 
-def test_polled_streams_sound_as_threaded_ones_and_give_their_rows_back(ours):
+@pytest.mark.parametrize("text_table", [False, True])
+def test_polled_streams_sound_as_threaded_ones_and_give_their_rows_back(ours, text_table):
     """`EnginePool.polled`: the runner wakes the reader's loop instead of a thread per stream;
     the audio is the same, streams that run together still sound as alone, a stream left
-    after two chunks frees its row, and a refusal reaches the reader typed."""
+    after two chunks frees its row, and a refusal reaches the reader typed; with a text table
+    the streams open on the event loop (`opens_at_once`), the same in every respect."""
     from concurrent.futures import ThreadPoolExecutor
 
     from voxgate.types import UnknownVoice
 
-    engine = _engine(ours, max_streams=4)
+    engine = _engine(ours, max_streams=4, text_table=text_table)
+    assert engine.opens_at_once is text_table
     try:
         threaded, via_source, _ = _polled_run(engine, TEXTS[0], polled=False)
         assert not via_source

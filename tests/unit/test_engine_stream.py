@@ -9,7 +9,7 @@ import pytest
 
 from voxgate.speech.stream import EngineStream
 from voxgate.speech.workers import EnginePool
-from voxgate.types import AudioChunk, EngineFailure, SynthesisRequest
+from voxgate.types import AudioChunk, Busy, EngineFailure, SynthesisRequest
 
 REQUEST = SynthesisRequest(text="x", voice="v")
 
@@ -157,3 +157,72 @@ def test_a_loop_waker_sets_every_event_with_one_call_into_the_loop_per_round():
         return sum(1 for args in calls if getattr(args[0], "__self__", None) is waker)
 
     _run(main())
+
+
+class PolledEngine(CountingEngine):
+    """An engine with a polled path whose open is quick (`opens_at_once`, when set): its source
+    hands out `chunks` chunks from a thread of its own, waking the reader after each."""
+
+    def __init__(self, chunks: int, at_once: bool, refuse: bool = False) -> None:
+        super().__init__(chunks)
+        self.opens_at_once, self.refuse = at_once, refuse
+        self.opened_on: int | None = None
+
+    def open_polled(self, request, cancel, wake):
+        self.opened_on = threading.get_ident()
+        if self.refuse:
+            raise Busy("the engine's queue is full")
+        source = ListSource()
+
+        def feed():
+            for i in range(self.chunks):
+                source.put(AudioChunk(np.zeros(10, dtype=np.float32), self.sample_rate, i))
+                wake()
+            source.put(None)
+            wake()
+
+        threading.Thread(target=feed, daemon=True).start()
+        return source
+
+
+class ListSource:
+    def __init__(self) -> None:
+        self.ended, self._items, self._lock = False, [], threading.Lock()
+
+    def put(self, item) -> None:
+        with self._lock:
+            self._items.append(item)
+
+    def poll(self):
+        with self._lock:
+            items, self._items = self._items, []
+        if None in items:
+            self.ended = True
+        return [i for i in items if i is not None]
+
+    def close(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("at_once", [True, False])
+def test_an_engine_that_opens_at_once_is_opened_on_the_event_loop_and_read_the_same(at_once):
+    """`Engine.opens_at_once`: the stream's open runs on the loop's own thread (no worker is
+    started for it); without it, on a worker. Either way every chunk comes, in order, and a
+    refusal at the open reaches the reader as the same typed error."""
+
+    async def main(refuse: bool):
+        engine, pool = PolledEngine(4, at_once, refuse), EnginePool(2)
+        pool.polled = True
+        stream = EngineStream(engine, REQUEST, pool)
+        seqs = []
+        try:
+            while (chunk := await stream.next()) is not None:
+                seqs.append(chunk.seq)
+        finally:
+            stream.cancel("done")
+        return seqs, engine.opened_on == threading.get_ident(), len(pool._threads)
+
+    seqs, on_loop, workers = _run(main(refuse=False))
+    assert seqs == [0, 1, 2, 3] and on_loop is at_once and (workers == 0) is at_once
+    with pytest.raises(Busy, match="queue is full"):
+        _run(main(refuse=True))

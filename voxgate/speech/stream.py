@@ -151,8 +151,23 @@ class EngineStream:
 
     def start(self) -> None:
         if self._pending is None and not self._closing:
+            if self._polled is None and getattr(self._engine, "opens_at_once", False):
+                self._pending = self._now(self._open_in_worker)
+                return
             work = self._open_in_worker if self._polled is None else self._next_in_worker
             self._pending = self._submit(work)
+
+    def _now(self, fn: Callable[[], AudioChunk | None]) -> asyncio.Future[AudioChunk | None]:
+        """`fn` run here, on the event loop, its outcome as a done future (as a worker's would be).
+        For an engine whose open never waits (`Engine.opens_at_once`): a burst of new streams then
+        costs the loop no hop to a worker and back each, and the engine's own thread does not
+        contend for the GIL with a worker per stream while it prefills the first of them."""
+        future: asyncio.Future[AudioChunk | None] = self._loop.create_future()
+        try:
+            future.set_result(fn())
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
 
     def _open_in_worker(self) -> AudioChunk | None:
         """Open the engine's polled stream; an engine without one is read by threads after all."""

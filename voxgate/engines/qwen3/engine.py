@@ -310,6 +310,12 @@ class Qwen3Engine(Engine):
         return self.prompts.build(request.text, speaker=speaker, language=language, instruct=instruct), None
 
     @property
+    def opens_at_once(self) -> bool:  # type: ignore[override]
+        """A stream opens with its prompt as token ids and a put on the runner's queue (no GPU
+        work: the runner embeds it), where the runner has a text table and voices are not clones."""
+        return self._plans and self.clones is None
+
+    @property
     def _plans(self) -> bool:
         """Whether prompts go to the runner as plans of ids (it has a text table)."""
         return self.runner is not None and self.runner.decoder.text_table is not None
