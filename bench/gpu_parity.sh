@@ -7,8 +7,8 @@
 # Usage: sh bench/gpu_parity.sh [seed] [model ...]   (default 7, Qwen3-TTS-12Hz-0.6B-CustomVoice;
 # one 1.7B model per call: its checkpoint and runs take minutes of the 10 a call has)
 # Environment: RES (results folder, default $OUT), FRAMES (per prompt, default 100), BUCKET (default 64),
-# TESTS=0 (skip the pytest run), LEAN=1 (voxgate's codec on its lean path: VOXGATE_QWEN3_CODEC_LEAN; its
-# results are named parity-TAG-lean).
+# TESTS=0 (skip the pytest run), LEAN=0 (voxgate's codec on its plain path, not the lean one the server
+# runs by default, VOXGATE_QWEN3_CODEC_LEAN; its results are named parity-TAG-plain).
 set -u
 SEED=${1:-7}
 [ $# -gt 0 ] && shift
@@ -21,9 +21,9 @@ export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 } > "$RES/machine.txt"
 for MODEL in $MODELS; do
-    TAG=$(echo $MODEL | sed 's/Qwen3-TTS-12Hz-//')$([ "${LEAN:-0}" = 1 ] && echo -lean)
+    TAG=$(echo $MODEL | sed 's/Qwen3-TTS-12Hz-//')$([ "${LEAN:-1}" = 0 ] && echo -plain)
     python3 -m voxgate.bench.parity --model $MODEL --configs .gpu-parity/qwen3-tts --seed $SEED \
-        --frames ${FRAMES:-100} --bucket ${BUCKET:-64} $([ "${LEAN:-0}" = 1 ] && echo --codec-lean) \
+        --frames ${FRAMES:-100} --bucket ${BUCKET:-64} $([ "${LEAN:-1}" = 0 ] && echo --no-codec-lean) \
         --output-json "$RES/parity-$TAG.json" > "$RES/parity-$TAG.txt" 2>&1
     echo "$MODEL: exit $?"; tail -14 "$RES/parity-$TAG.txt"
 done

@@ -312,9 +312,10 @@ class Settings(BaseSettings):
         False, description="qwen3: torch.compile the batched step before capture (GPU; experimental, very slow start)."
     )
     qwen3_codec_lean: bool = Field(
-        False,
+        True,
         description="qwen3: the codec decoder's lean path: the same PCM (exact in fp32 on the CPU) from ~22 % "
-        "fewer aten operations per frame (an A/B switch; see bench/qwen3_codec_ops.py).",
+        "fewer aten operations per frame (see bench/qwen3_codec_ops.py); on an H100 a one-stream step 7 % "
+        "shorter, and in bf16 on an H200 it holds issue 22's yardstick (BENCHMARKS.md). false: the plain path.",
     )
     qwen3_packet_frames: int = Field(1, ge=1, le=64, description="qwen3: 80 ms frames decoded per audio packet.")
     qwen3_batched: bool | None = Field(

@@ -18,6 +18,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from voxgate.bench.stats import machine, write_report
+from voxgate.config import Settings
+
+LEAN_DEFAULT: bool = Settings.model_fields["qwen3_codec_lean"].default  # what the server runs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bucket", type=int, default=64, help="batch-invariance bucket (0: skip)")
     parser.add_argument("--topk", type=int, default=10, help="k of the top-k agreement")
     parser.add_argument("--no-kernels", action="store_true", help="voxgate without the fused Triton kernels")
-    parser.add_argument("--codec-lean", action="store_true", help="voxgate's codec on its lean path (QWEN3_CODEC_LEAN)")
+    parser.add_argument(
+        "--codec-lean",
+        action=argparse.BooleanOptionalAction,
+        default=LEAN_DEFAULT,
+        help=f"voxgate's codec on its lean path (the server's QWEN3_CODEC_LEAN, default {LEAN_DEFAULT})",
+    )
     parser.add_argument("--output-json", default=None)
 
 
