@@ -627,4 +627,4 @@ def test_admitting_more_prompts_together_issues_no_more_operations_outside_the_m
         assert count.ops["model"] > 0  # the forward ran through the counted module
         return count.ops["other"]
 
-    assert outside_the_model(8) == outside_the_model(2)
+    assert outside_the_model(8) == outside_the_model(2) <= 49  # 60 before the per-row state tables

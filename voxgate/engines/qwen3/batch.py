@@ -120,28 +120,26 @@ class BatchDecoder:
         z = {"device": self.device}
         self.cache = talker.new_cache(s, capacity)
         self.cp_cache = talker.new_predictor_cache(s)
-        # Per-row decode state.
-        self.position = torch.zeros(s, dtype=torch.long, **z)  # the talker position the next step writes
-        self.draws = torch.zeros(s, dtype=torch.long, **z)  # frames drawn so far
-        self.active = torch.zeros(s, dtype=torch.long, **z)  # 1 while the row's stream moves (not held, not free)
+        # Per-row decode state and sampling settings: each a row (contiguous, one value per slot)
+        # of one table per dtype, so an admission sets every admitted row's integers, flags and
+        # floats in three copies, not fifteen (the runner admits a burst while the event loop
+        # wants the GIL, and every torch call gives it up and waits to get it back).
+        self._ints = torch.zeros(8, s, dtype=torch.long, **z)
+        self._flags = torch.zeros(2, s, dtype=torch.bool, **z)
+        self._floats = torch.ones(5, s, **z)
+        # position: the talker position the next step writes; draws: frames drawn so far; active:
+        # 1 while the row's stream moves (not held, not free); the rest: see `_start_rows`.
+        (self.position, self.draws, self.active, self.trailing_len, self.seeds, self.top_k, self.sub_top_k,
+         self.min_new) = self._ints.unbind(0)  # fmt: skip
+        self.do_sample, self.sub_do_sample = self._flags.unbind(0)
+        temperature, sub_temperature, self.top_p, self.sub_top_p, penalty = self._floats.unbind(0)
+        self.temperature, self.sub_temperature, self.penalty = (t.view(s, 1) for t in (temperature, sub_temperature,
+                                                                                      penalty))  # fmt: skip
         self.hidden = torch.zeros(s, h, dtype=self.dtype, **z)
         self.logits = torch.zeros(s, v, dtype=torch.float32, **z)
         self.seen = torch.zeros(s, v, dtype=torch.bool, **z)  # codes drawn so far (repetition penalty)
         self.trailing = torch.zeros(s, max_text_rows, h, dtype=self.dtype, **z)
-        self.trailing_len = torch.zeros(s, dtype=torch.long, **z)
         self.pad = torch.zeros(h, dtype=self.dtype, **z)
-        # Per-row sampling settings.
-        self.seeds = torch.zeros(s, dtype=torch.long, **z)
-        self.do_sample = torch.zeros(s, dtype=torch.bool, **z)
-        self.temperature = torch.ones(s, 1, **z)
-        self.top_k = torch.zeros(s, dtype=torch.long, **z)
-        self.top_p = torch.ones(s, **z)
-        self.penalty = torch.ones(s, 1, **z)
-        self.min_new = torch.zeros(s, dtype=torch.long, **z)
-        self.sub_do_sample = torch.zeros(s, dtype=torch.bool, **z)
-        self.sub_temperature = torch.ones(s, 1, **z)
-        self.sub_top_k = torch.zeros(s, dtype=torch.long, **z)
-        self.sub_top_p = torch.ones(s, **z)
         self.control = control_mask(v, cfg.predictor_vocab_size, cfg.codec_eos_id, self.device)
         self.eos = torch.zeros(v, dtype=torch.bool, **z)
         self.eos[cfg.codec_eos_id] = True
@@ -379,7 +377,7 @@ class BatchDecoder:
         return [replace(a, prompt=next(made)) if isinstance(a.prompt, PromptPlan) else a for a in admissions]
 
     def _device_tensor(
-        self, values: list[int] | list[list[int]] | list[list[float]], dtype: torch.dtype
+        self, values: list[int] | list[list[int]] | list[list[bool]] | list[list[float]], dtype: torch.dtype
     ) -> torch.Tensor:
         """Host values on the device without waiting for queued GPU work (pinned, async copy)."""
         host = torch.tensor(values, dtype=dtype)
@@ -398,21 +396,15 @@ class BatchDecoder:
     def _start_rows(self, admissions: list[Admission], lengths: list[int], rows: torch.Tensor) -> None:
         """Each admitted row's position, text rows, seed and sampling settings, and a fresh (or
         the voice's pre-roll) codec state."""
-        ints, floats = [], []
+        ints, flags, floats = [], [], []  # per admitted row, in the order of the tables' rows (`__init__`)
         for a, length in zip(admissions, lengths, strict=True):
             p, text_rows = a.params, min(a.prompt.trailing_rows, self.max_text_rows)
-            ints.append([length, 0, 1, text_rows, a.seed & 0x7FFFFFFF, p.top_k, p.subtalker_top_k, p.min_new_tokens,
-                         int(p.do_sample), int(p.subtalker_do_sample)])  # fmt: skip
+            ints.append([length, 0, 1, text_rows, a.seed & 0x7FFFFFFF, p.top_k, p.subtalker_top_k, p.min_new_tokens])
+            flags.append([p.do_sample, p.subtalker_do_sample])
             floats.append([p.temperature, p.subtalker_temperature, p.top_p, p.subtalker_top_p, p.repetition_penalty])
             self.host_position[a.row] = length
-        i, f = self._device_tensor(ints, torch.long), self._device_tensor(floats, torch.float32)
-        targets = [self.position, self.draws, self.active, self.trailing_len, self.seeds, self.top_k, self.sub_top_k,
-                   self.min_new, self.do_sample, self.sub_do_sample]  # fmt: skip
-        for column, buffer in enumerate(targets):
-            buffer.index_copy_(0, rows, i[:, column].to(buffer.dtype))
-        for column, buffer in enumerate([self.temperature, self.sub_temperature, self.top_p, self.sub_top_p,
-                                         self.penalty]):  # fmt: skip
-            buffer.index_copy_(0, rows, f[:, column].reshape(-1, *buffer.shape[1:]))
+        for table, values in ((self._ints, ints), (self._flags, flags), (self._floats, floats)):
+            table.index_copy_(1, rows, self._device_tensor(values, table.dtype).T)
         self.seen.index_fill_(0, rows, False)
         self.held.difference_update(a.row for a in admissions)
         self.pad.copy_(admissions[0].prompt.pad[0])
