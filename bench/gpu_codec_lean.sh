@@ -1,10 +1,10 @@
 #!/bin/sh
 # On the device machine, carrying `.gpu-peer` (bench/gpu_bundle_peer.sh here) or `.gpu` (bench/gpu_bundle.sh):
-# the codec decoder's lean path (VOXGATE_QWEN3_CODEC_LEAN) against the default path on one random-weight
+# the codec decoder's lean path (VOXGATE_QWEN3_CODEC_LEAN, the default since 2026-11-28) against the plain path on one random-weight
 # checkpoint in bf16 (issue 22):
 # 1. bench/qwen3_codec_ops.py: one frame's aten ops by part, and its GPU kernels (profiler), at 1, 8 and
 #    64 rows, both paths, and the largest PCM difference between them (bf16: not exact);
-# 2. bench/qwen3_step_profile.py, default then lean, ROUNDS times on one warm machine: each bucket's
+# 2. bench/qwen3_step_profile.py, plain then lean, ROUNDS times on one warm machine: each bucket's
 #    captured step replayed REPEATS times (step_ms, median), and the step's parts (codec, talker, ...) by
 #    GPU operations and summed GPU ms at 1 and 64 rows; then one line per bucket comparing the medians.
 # Usage: sh bench/gpu_codec_lean.sh [seed] [model]   (default 7, Qwen3-TTS-12Hz-0.6B-CustomVoice)
@@ -20,8 +20,8 @@ python3 bench/qwen3_codec_ops.py --model "$MODEL" --config-root $BUNDLE/qwen3-tt
     --fused --rows 1,8,64 --both --output-json "$RES/codec-ops-$TAG.json" > "$RES/codec-ops-$TAG.txt" 2>&1
 echo "codec ops exit $?"; tail -16 "$RES/codec-ops-$TAG.txt"
 for i in $(seq "${ROUNDS:-2}"); do
-    for mode in default lean; do
-        flag=""; [ $mode = lean ] && flag=--codec-lean
+    for mode in plain lean; do
+        flag=--no-codec-lean; [ $mode = lean ] && flag=--codec-lean
         python3 bench/qwen3_step_profile.py --model-dir "$CKPT" --rows "${ROWS:-64}" --parts 1,64 \
             --repeats "${REPEATS:-50}" --label $mode $flag --output-json "$RES/step-$TAG-$mode-$i.json" \
             > "$RES/step-$TAG-$mode-$i.txt" 2>&1

@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--fused", action="store_true", help="the Triton Snake kernel (CUDA only)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--lean", action="store_true", help="count the lean path only")
-    mode.add_argument("--both", action="store_true", help="count the default and lean paths, compare PCM")
+    mode.add_argument("--both", action="store_true", help="count the plain and lean paths, compare PCM")
     parser.add_argument("--output-json", type=Path, default=None)
     args = parser.parse_args()
     root = args.config_root or default_config_root()

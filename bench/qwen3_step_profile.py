@@ -34,6 +34,8 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from voxgate.bench.stats import add_codec_lean_argument
+
 SAMPLER_KERNEL = "_sample_kernel"  # the fused sampler's Triton kernel (voxgate/engines/qwen3/fused_sampler.py)
 Ops = list[tuple[str, float]]  # (operation name, microseconds) per operation
 
@@ -45,7 +47,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--parts", default="1,64", help="buckets to break down by part (default 1,64)")
     parser.add_argument("--device", default="cuda", help="cuda; cpu only checks the script (CPU ops, no graphs)")
-    parser.add_argument("--codec-lean", action="store_true", help="the codec decoder's lean path (QWEN3_CODEC_LEAN)")
+    add_codec_lean_argument(parser)
     parser.add_argument("--label", default="")
     parser.add_argument("--output-json", type=Path, default=None)
     args = parser.parse_args()

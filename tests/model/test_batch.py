@@ -606,6 +606,39 @@ def test_a_stream_nobody_listens_to_gives_its_row_to_one_somebody_does(ours):
         engine.close()
 
 
+def test_an_admission_sets_each_rows_own_state_and_settings_and_touches_no_other_row(ours):
+    """The per-row state lives in three tables (one per dtype) written in one copy each: every
+    field lands in its own row view, distinct main and code-predictor settings included, the
+    other rows keep theirs, and holding or releasing a row changes only its `active`."""
+    from voxgate.engines.qwen3.batch import Admission
+
+    ck = ours["cv06"]
+    prompt = PromptBuilder(ck.config, ck.tokenizer, ck.talker).build("State.", speaker="vivian", language="English",
+                                                                        stream_text=True)  # fmt: skip
+    params = SamplingParams(do_sample=True, subtalker_do_sample=False, temperature=0.7, subtalker_temperature=0.3,
+                            top_k=11, subtalker_top_k=13, top_p=0.8, subtalker_top_p=0.6, repetition_penalty=1.2,
+                            min_new_tokens=5)  # fmt: skip
+    decoder = BatchDecoder(ck.talker, ck.codec, slots=3, capacity=256, sampling=SamplingParams(top_p=0.9))
+    names = ["position", "draws", "active", "trailing_len", "seeds", "top_k", "sub_top_k", "min_new", "do_sample",
+             "sub_do_sample", "temperature", "sub_temperature", "top_p", "sub_top_p", "penalty"]  # fmt: skip
+    before = {n: getattr(decoder, n).clone() for n in names}
+    decoder.admit_many([Admission(1, prompt, params, 2**40 + 9)])
+    got = {n: getattr(decoder, n)[1].item() for n in names}
+    want = {"position": prompt.length, "draws": 0, "active": 1, "seeds": (2**40 + 9) & 0x7FFFFFFF,
+            "trailing_len": min(prompt.trailing_rows, decoder.max_text_rows), "top_k": 11, "sub_top_k": 13,
+            "min_new": 5, "do_sample": True, "sub_do_sample": False}  # fmt: skip
+    floats = {"temperature": 0.7, "sub_temperature": 0.3, "top_p": 0.8, "sub_top_p": 0.6, "penalty": 1.2}
+    assert {n: got[n] for n in want} == want
+    assert {n: got[n] for n in floats} == pytest.approx(floats)  # float32 in the table
+    for n in names:  # rows 0 and 2 as they were
+        assert torch.equal(getattr(decoder, n)[[0, 2]], before[n][[0, 2]]), n
+    decoder.hold(1, True)
+    assert decoder.active.tolist() == [0, 0, 0] and decoder.draws[1].item() == 0
+    decoder.hold(1, False)
+    decoder.release(1)
+    assert decoder.active.tolist() == [0, 0, 0] and decoder.top_k[1].item() == 11
+
+
 def test_admitting_more_prompts_together_issues_no_more_operations_outside_the_model(ours):
     """A burst's admissions go into the prefill buffers and the rows' text in a few copies
     whatever their number (the runner does this holding the GIL the event loop wants): admitting

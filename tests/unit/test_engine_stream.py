@@ -226,3 +226,29 @@ def test_an_engine_that_opens_at_once_is_opened_on_the_event_loop_and_read_the_s
     assert seqs == [0, 1, 2, 3] and on_loop is at_once and (workers == 0) is at_once
     with pytest.raises(Busy, match="queue is full"):
         _run(main(refuse=True))
+
+
+def test_an_engine_that_opens_at_once_without_a_polled_stream_is_read_on_a_worker():
+    """`opens_at_once` with `open_polled` giving None (no polled path for this request): the
+    stream is read the threaded way, its chunks made on a worker, never on the event loop."""
+
+    class NoSource(CountingEngine):
+        opens_at_once = True
+
+        def open_polled(self, request, cancel, wake):
+            return None
+
+        def stream(self, request, cancel):
+            self.made_on = threading.get_ident()
+            yield from super().stream(request, cancel)
+
+    async def main():
+        engine, pool = NoSource(3), EnginePool(2)
+        pool.polled = True
+        stream = EngineStream(engine, REQUEST, pool)
+        seqs = []
+        while (chunk := await stream.next()) is not None:
+            seqs.append(chunk.seq)
+        return seqs, engine.made_on != threading.get_ident()
+
+    assert _run(main()) == ([0, 1, 2], True)

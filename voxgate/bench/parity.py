@@ -17,10 +17,7 @@ import argparse
 from datetime import UTC, datetime
 from typing import Any
 
-from voxgate.bench.stats import machine, write_report
-from voxgate.config import Settings
-
-LEAN_DEFAULT: bool = Settings.model_fields["qwen3_codec_lean"].default  # what the server runs
+from voxgate.bench.stats import add_codec_lean_argument, machine, write_report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,12 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bucket", type=int, default=64, help="batch-invariance bucket (0: skip)")
     parser.add_argument("--topk", type=int, default=10, help="k of the top-k agreement")
     parser.add_argument("--no-kernels", action="store_true", help="voxgate without the fused Triton kernels")
-    parser.add_argument(
-        "--codec-lean",
-        action=argparse.BooleanOptionalAction,
-        default=LEAN_DEFAULT,
-        help=f"voxgate's codec on its lean path (the server's QWEN3_CODEC_LEAN, default {LEAN_DEFAULT})",
-    )
+    add_codec_lean_argument(parser)
     parser.add_argument("--output-json", default=None)
 
 

@@ -1,7 +1,8 @@
-"""Small statistics shared by the benchmarks."""
+"""Small statistics and options shared by the benchmarks."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -10,7 +11,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from voxgate.config import Settings
 from voxgate.stats import percentile
+
+# The qwen3 codec path `voxgate serve` runs unless VOXGATE_QWEN3_CODEC_LEAN says otherwise.
+CODEC_LEAN_DEFAULT: bool = Settings.model_fields["qwen3_codec_lean"].default
+
+
+def add_codec_lean_argument(parser: argparse.ArgumentParser) -> None:
+    """`--codec-lean` / `--no-codec-lean`: which codec decoder path a qwen3 benchmark runs; by
+    default the one the server runs by default, so a figure is of what users get."""
+    parser.add_argument("--codec-lean", action=argparse.BooleanOptionalAction, default=CODEC_LEAN_DEFAULT,
+                        help="the qwen3 codec decoder's lean path (default: as `voxgate serve` runs it, "
+                        f"VOXGATE_QWEN3_CODEC_LEAN's default, {str(CODEC_LEAN_DEFAULT).lower()})")  # fmt: skip
 
 
 def summary(values: Sequence[float], digits: int = 3) -> dict[str, float | int | None]:

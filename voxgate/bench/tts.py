@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from voxgate.bench.peer_batch import PEER_BATCH, PeerUnavailable, ratios, run_batch_peer
-from voxgate.bench.stats import machine, percentile, write_report
+from voxgate.bench.stats import add_codec_lean_argument, machine, percentile, write_report
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog, and then it runs far away into the woods, "
@@ -43,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     parser.add_argument("--no-graphs", action="store_true", help="batched decoding without CUDA graphs")
     parser.add_argument("--no-kernels", action="store_true", help="the GPU fast path without the fused Triton kernels")
+    add_codec_lean_argument(parser)
     parser.add_argument("--mode", default="auto", choices=["auto", "batched", "eager"],
                         help="batched runner or one-stream eager path (auto: batched on a GPU only)")  # fmt: skip
     parser.add_argument("--compile", action="store_true", help="torch.compile the step before capture")
@@ -157,7 +158,9 @@ def run_tts_bench(args: argparse.Namespace) -> int:
         return 2
     dtype = getattr(torch, args.dtype)
     t0 = time.perf_counter()
-    ck = load_checkpoint(Path(args.model_dir), args.device, dtype, fused_kernels=not args.no_kernels)
+    ck = load_checkpoint(
+        Path(args.model_dir), args.device, dtype, fused_kernels=not args.no_kernels, codec_lean=args.codec_lean
+    )
     load_s = time.perf_counter() - t0
     voice = next(iter(sorted(ck.config.talker.speaker_ids)), None)
     n = args.frames
@@ -177,6 +180,7 @@ def run_tts_bench(args: argparse.Namespace) -> int:
     mode = "eager" if engine.runner is None else "batched+graphs" if engine.eager_reason is None else "batched"
     print(f"engine ready in {start_s:.1f} s ({mode}{', fused kernels' if ck.talker.model.kernels else ''})", flush=True)
     result: dict[str, Any] = {"mode": mode, "fused_kernels": ck.talker.model.kernels, "compiled": args.compile,
+                              "codec_lean": args.codec_lean,
                               "load_s": round(load_s, 2), "start_s": round(start_s, 1), "frames": n, "packets": {},
                               "concurrency": []}  # fmt: skip
     try:

@@ -15,7 +15,7 @@ the methods, `parallel_calls` says how many stream calls can usefully compute at
 calling thread (the server then runs engine calls on that many threads, most urgent first:
 `voxgate.speech.workers`), or None for an engine that queues its own work (one thread per
 stream, mostly waiting); `counters()` gives numbers for /metrics (none by default);
-`opens_at_once` says `open_polled` may run on the caller's event loop (it never waits);
+`opens_at_once` says `open_polled` may run on the caller's event loop (it waits on nothing slow);
 `capacity(utilization)` says how many streams the engine can keep ahead of real time at once
 from what it has measured (the batched qwen3 runner: its step cost against rows), or None when
 it cannot say (the server then admits up to its configured limits only).
@@ -56,8 +56,9 @@ class Engine(Protocol):
     sample_rate: int
     parallel_calls: int | None = None  # calls computing at once in the caller's thread; None: queued inside
     native_speed: bool = True  # it speaks at `request.speed` itself; False: `stream_pieces` stretches its audio
-    # `open_polled` is quick host work that never waits (token ids, a queue put): the caller may
-    # open on its event loop instead of a worker thread (see `EngineStream.start`).
+    # `open_polled` is quick host work that waits on nothing slow (token ids, a queue put under a
+    # lock held only for bookkeeping): the caller may open on its event loop instead of a worker
+    # thread (see `EngineStream.start`).
     opens_at_once: bool = False
 
     def counters(self) -> dict[str, dict[str, float]]:

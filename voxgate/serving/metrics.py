@@ -24,7 +24,7 @@ ENGINE_STAGES = ("open", "wait", "gpu", "pickup")
 # The readings behind the stages, each kept in the timings ring on the process's clock (`at_ms`,
 # ms from CLOCK_ORIGIN): the segment speakable, taken by its synthesiser, given a slot, its first
 # chunk ready, handed to the writer, written; the engine's own where it has them (its prefill
-# launched too); and the engine's counts for the step it first joined (`first_step`).
+# launched too); and the engine's counts for the step it first joined (`batch`).
 FIRST_AUDIO_CLOCKS = ("ready", "taken", "slot", "chunk", "hop", "written")
 ENGINE_CLOCKS = ("submitted", "prefill", "first_step", "first_frame")
 ENGINE_COUNTS = ("admitted_with", "first_step_rows")

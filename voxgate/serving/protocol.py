@@ -142,7 +142,7 @@ class Timings(BaseModel):
         "first_audio, t_wall, ttfa_ms and stages_ms (queue, slot, engine, hop, write), at_ms (each reading on the "
         "process's clock, ms: ready, taken, slot, chunk, hop, written) and, from the batched qwen3 engine, "
         "engine_ms (open, wait, gpu, pickup), its readings in at_ms (submitted, prefill, first_step, first_frame) "
-        "and first_step (admitted_with, first_step_rows: the streams prefilled and stepped with it)"
+        "and batch (admitted_with, first_step_rows: the streams prefilled and stepped with it)"
     )
     capacity: int = Field(description="how many records the server keeps (VOXGATE_TIMINGS_KEPT); older ones are gone")
 

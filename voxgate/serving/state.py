@@ -394,7 +394,8 @@ class ServerState:
             at.update({k: v for k, v in (marks or {}).items() if k in ENGINE_CLOCKS})
             ordered = sorted(at.items(), key=lambda kv: kv[1])
             entry["at_ms"] = {k: round((v - CLOCK_ORIGIN) * 1000, 3) for k, v in ordered}
-            entry["first_step"] = {k: int(v) for k, v in (marks or {}).items() if k in ENGINE_COUNTS}
+            if batch := {k: int(v) for k, v in (marks or {}).items() if k in ENGINE_COUNTS}:
+                entry["batch"] = batch
         self.timings.append(entry)
 
     def record(self, endpoint: str, request_id: str, timing: Timing, status: str, starter: bool) -> None:

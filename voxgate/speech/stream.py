@@ -14,7 +14,8 @@ and messages per second of audio; the first chunk always comes alone. Text longe
 one first chunk, one cancel, one timing, so no transport can hand an engine an unbounded text.
 
 With the pool's `polled` on, an engine that offers `open_polled` (the batched qwen3 runner)
-runs without a thread per stream: one pool call opens the stream (prompt, submission), then the
+runs without a thread per stream: one pool call opens the stream (prompt, submission; or the event
+loop itself, for an engine whose open never waits: `Engine.opens_at_once`), then the
 engine wakes the event loop whenever it has handed the stream a frame, and `next()` takes what
 is ready without blocking. Per frame that is one call into the loop instead of a worker
 thread's wake-up, a future and the next call's submission (three GIL hand-overs a frame, with
@@ -152,12 +153,14 @@ class EngineStream:
     def start(self) -> None:
         if self._pending is None and not self._closing:
             if self._polled is None and getattr(self._engine, "opens_at_once", False):
-                self._pending = self._now(self._open_in_worker)
+                self._pending = self._now(self._open)
+                if self._polled is False:  # no polled stream after all: its first chunk is a worker's
+                    self._pending = self._submit(self._next_in_worker)
                 return
             work = self._open_in_worker if self._polled is None else self._next_in_worker
             self._pending = self._submit(work)
 
-    def _now(self, fn: Callable[[], AudioChunk | None]) -> asyncio.Future[AudioChunk | None]:
+    def _now(self, fn: Callable[[], None]) -> asyncio.Future[AudioChunk | None]:
         """`fn` run here, on the event loop, its outcome as a done future (as a worker's would be).
         For an engine whose open never waits (`Engine.opens_at_once`): a burst of new streams then
         costs the loop no hop to a worker and back each, and the engine's own thread does not
@@ -169,15 +172,15 @@ class EngineStream:
             future.set_exception(exc)
         return future
 
-    def _open_in_worker(self) -> AudioChunk | None:
+    def _open(self) -> None:
         """Open the engine's polled stream; an engine without one is read by threads after all."""
         opener = getattr(self._engine, "open_polled", None)  # engines that only follow the protocol lack it
         source = opener(self._request, self.token, self._wake) if opener is not None else None
-        if source is None:
-            self._polled = False
-            return self._next_in_worker()
-        self._source, self._polled = source, True
-        return None
+        self._source, self._polled = source, source is not None
+
+    def _open_in_worker(self) -> AudioChunk | None:
+        self._open()
+        return None if self._polled else self._next_in_worker()
 
     def _wake(self) -> None:
         """From the engine's thread: let `next()` poll."""
