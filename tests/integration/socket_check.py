@@ -238,7 +238,11 @@ async def exchange(target: Target, protocol: str, sent: list[Frame], timeout: fl
             await asyncio.wait_for(_settled(transcript, sentinel), timeout)
             if _session_open(transcript):  # end it, so every unit is accounted for
                 await _end_session(ws, transcript, timeout)
-            elif transcript.of("session.done"):  # the server's close (1000) follows; it may not be here yet
+            elif transcript.of("session.done") and (protocol != "omni" or _ends(done)):
+                # The server's close (1000) follows; it may not be here yet. On vLLM-Omni's path a
+                # session.done ends an utterance (the socket stays for the next) unless the client
+                # ended the session: waiting for a close there hung whenever that session.done
+                # came before the sentinel's pong (`session.config`, `input.done`: no text to voice).
                 await asyncio.wait_for(transcript.closed.wait(), timeout)
         except TimeoutError:
             transcript.problems.append(f"no answer and no close within {timeout} s (a hang)")
