@@ -332,6 +332,12 @@ class Settings(BaseSettings):
     qwen3_kv_capacity: int = Field(
         2048, ge=128, le=8192, description="qwen3: talker KV positions per stream (prompt + frames; batched mode)."
     )
+    qwen3_text_table: bool | None = Field(
+        None,
+        description="qwen3 (batched): prompts go to the runner as token ids, embedded there from a table of every "
+        "text token's projected embedding (built at start-up), and such streams open on the event loop "
+        "(`Engine.opens_at_once`). Default: on a GPU (the table takes a while to build on a CPU).",
+    )
     qwen3_prompt_thread: bool = Field(
         False, description="qwen3: one thread builds all requests' prompts, one GPU wait a batch (an A/B switch)."
     )

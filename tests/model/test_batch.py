@@ -187,13 +187,19 @@ def _speak(engine, text, voice="vivian", cancel=None, priority=0):
     return [c.samples for c in engine.stream(request, cancel or CancelToken())]
 
 
-def test_a_stream_opens_at_once_only_where_its_prompt_is_token_ids(ours):
+def test_a_stream_opens_at_once_only_where_its_prompt_is_token_ids(ours, tiny_dirs):
     """`opens_at_once` (the server opens such streams on its event loop): batched with a text
     table, a CustomVoice stream's open is ids and a queue put; a built prompt (no table) is
-    model work, a Base model's cloned voice is GPU work, and the eager engine has no polled path."""
+    model work, a Base model's cloned voice is GPU work, and the eager engine has no polled path.
+    The server's `VOXGATE_QWEN3_TEXT_TABLE` reaches the engine (on a CPU it is off by default)."""
+    from voxgate.config import Settings
+    from voxgate.engines.qwen3.engine import create
+
+    served = {"engine": "qwen3", "qwen3_model_dir": tiny_dirs["cv06"], "qwen3_batched": True, "qwen3_kv_capacity": 256}
     cases = [(_engine(ours, text_table=True), True), (_engine(ours, text_table=False), False),
              (Qwen3Engine(ours["b06"], batched=True, kv_capacity=256, text_table=True), False),
-             (Qwen3Engine(ours["cv06"]), False)]  # fmt: skip
+             (Qwen3Engine(ours["cv06"]), False), (create(Settings(**served, qwen3_text_table=True)), True),
+             (create(Settings(**served)), False)]  # fmt: skip
     try:
         assert [engine.opens_at_once for engine, _ in cases] == [want for _, want in cases]
     finally:

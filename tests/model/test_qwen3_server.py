@@ -239,3 +239,39 @@ def test_a_dropped_session_gives_its_row_to_a_listener_and_gets_its_segment_whol
     assert after[0]["status"] == "completed"
     first_try = {m["seq"] for m in before if m["type"] == "audio"}
     assert first_try and not first_try & {m["seq"] for m in audio}  # none of the stopped attempt's audio again
+
+
+def test_streams_that_open_on_the_event_loop_serve_http_and_sessions_and_refuse_typed(tiny_dirs):
+    """`VOXGATE_QWEN3_TEXT_TABLE` on (what a GPU server does): the batched engine's streams open
+    on the server's event loop (`Engine.opens_at_once`), not on a worker. HTTP and a WebSocket
+    session are served, a text too long for the KV cache is refused typed at the open (413
+    `text_too_long`), and no engine stream is left open."""
+    import asyncio
+
+    import websockets
+
+    from tests.conftest import metric, wait_for
+    from tests.integration.wsclient import Client
+
+    env = {"QWEN3_MODEL_DIR": str(tiny_dirs["cv06"]), "STARTER_CACHE": "false", "QWEN3_BATCHED": "true",
+           "QWEN3_TEXT_TABLE": "true", "QWEN3_KV_CAPACITY": "128", "QWEN3_MAX_STREAMS": "4"}  # fmt: skip
+    body = {"voice": "vivian", "language": "en", "format": "pcm", "seed": 3}
+
+    async def session(url: str) -> tuple[int, list[dict]]:
+        async with websockets.connect(url.replace("http", "ws") + "/v1/tts/ws") as ws:
+            c = Client(ws)
+            await c.start(voice="vivian", language="en")
+            await c.words("Opened on the loop. And a second sentence")
+            await c.send(type="session.end")
+            await c.until("session.done", timeout=120)
+            return sum(m["samples"] for m in c.of("audio")), c.of("error")
+
+    with ServerProcess("qwen3", env=env) as server:
+        spoken = httpx.post(f"{server.url}/tts/stream", json={**body, "text": "Opened on the loop."}, timeout=120)
+        assert spoken.status_code == 200 and len(spoken.content) > 0
+        past_the_cache = " ".join(["word"] * 70)  # one engine piece (400 characters), past 128 positions
+        refused = httpx.post(f"{server.url}/tts/stream", json={**body, "text": past_the_cache}, timeout=120)
+        assert refused.status_code == 413 and refused.json()["error"]["code"] == "text_too_long"
+        samples, errors = asyncio.run(session(server.url))
+        assert samples > 0 and errors == []
+        assert wait_for(lambda: metric(server, "voxgate_engine_streams_open") == 0, timeout=60)

@@ -507,6 +507,7 @@ def create(settings: Settings) -> Qwen3Engine:
         max_waiting=settings.qwen3_max_waiting,
         kv_capacity=settings.qwen3_kv_capacity,
         prompt_thread=settings.qwen3_prompt_thread,
+        text_table=settings.qwen3_text_table,
         lead_ms=settings.qwen3_lead_ms,
         pcm16_step=settings.qwen3_pcm16_step,
         trace_steps=settings.qwen3_trace_steps,
