@@ -162,6 +162,7 @@ def test_a_batched_sessions_first_audio_splits_the_engine_stage_by_the_runners_c
         at = t["at_ms"]  # every reading, in causal order on one clock
         assert list(at) == ["ready", "taken", "slot", "submitted", "prefill", "first_step", "first_frame", "chunk",
                             "hop", "written"]  # fmt: skip
+        assert list(at.values()) == sorted(at.values())
         assert at["written"] - at["ready"] == pytest.approx(t["ttfa_ms"], abs=0.01)
         assert 1 <= t["batch"]["admitted_with"] <= t["batch"]["first_step_rows"]
 

@@ -52,14 +52,19 @@ def _run(coro):
     return asyncio.run(coro)
 
 
+async def _seqs(stream: EngineStream) -> list[int]:
+    """Every chunk's seq, read to the stream's end."""
+    seqs = []
+    while (chunk := await stream.next()) is not None:
+        seqs.append(chunk.seq)
+    return seqs
+
+
 def test_streams_every_chunk_in_order():
     async def main():
         engine = CountingEngine(5)
         stream = EngineStream(engine, REQUEST, EnginePool(2))
-        seqs = []
-        while (chunk := await stream.next()) is not None:
-            seqs.append(chunk.seq)
-        return seqs, stream.generated
+        return await _seqs(stream), stream.generated
 
     assert _run(main()) == ([0, 1, 2, 3, 4], 5)
 
@@ -116,9 +121,7 @@ def test_a_polled_pool_reads_an_engine_without_a_polled_path_on_threads():
         engine, pool = CountingEngine(5), EnginePool(2)
         pool.polled = polled
         stream = EngineStream(engine, REQUEST, pool)
-        seqs = []
-        while (chunk := await stream.next()) is not None:
-            seqs.append(chunk.seq)
+        seqs = await _seqs(stream)
         stream.cancel("done")
         assert await asyncio.to_thread(engine.closed.wait, 10)
         return seqs, stream.generated, stream.exhausted
@@ -214,10 +217,8 @@ def test_an_engine_that_opens_at_once_is_opened_on_the_event_loop_and_read_the_s
         engine, pool = PolledEngine(4, at_once, refuse), EnginePool(2)
         pool.polled = True
         stream = EngineStream(engine, REQUEST, pool)
-        seqs = []
         try:
-            while (chunk := await stream.next()) is not None:
-                seqs.append(chunk.seq)
+            seqs = await _seqs(stream)
         finally:
             stream.cancel("done")
         return seqs, engine.opened_on == threading.get_ident(), len(pool._threads)
@@ -246,9 +247,6 @@ def test_an_engine_that_opens_at_once_without_a_polled_stream_is_read_on_a_worke
         engine, pool = NoSource(3), EnginePool(2)
         pool.polled = True
         stream = EngineStream(engine, REQUEST, pool)
-        seqs = []
-        while (chunk := await stream.next()) is not None:
-            seqs.append(chunk.seq)
-        return seqs, engine.made_on != threading.get_ident()
+        return await _seqs(stream), engine.made_on != threading.get_ident()
 
     assert _run(main()) == ([0, 1, 2], True)

@@ -27,6 +27,7 @@ ENGINE_STAGES = ("open", "wait", "gpu", "pickup")
 # launched too); and the engine's counts for the step it first joined (`batch`).
 FIRST_AUDIO_CLOCKS = ("ready", "taken", "slot", "chunk", "hop", "written")
 ENGINE_CLOCKS = ("submitted", "prefill", "first_step", "first_frame")
+TIMELINE = ("ready", "taken", "slot", *ENGINE_CLOCKS, "chunk", "hop", "written")  # in causal order
 ENGINE_COUNTS = ("admitted_with", "first_step_rows")
 CLOCK_ORIGIN = time.perf_counter()
 

@@ -23,12 +23,12 @@ from voxgate.serving.auth import Authenticator
 from voxgate.serving.fair import FairLimiter
 from voxgate.serving.metrics import (
     CLOCK_ORIGIN,
-    ENGINE_CLOCKS,
     ENGINE_COUNTS,
     ENGINE_MARKS,
     ENGINE_STAGES,
     FIRST_AUDIO_CLOCKS,
     FIRST_AUDIO_STAGES,
+    TIMELINE,
     Metrics,
 )
 from voxgate.serving.voice_store import VoiceStore
@@ -390,11 +390,9 @@ class ServerState:
                 entry["engine_ms"] = {stage: round((b - a) * 1000, 3)  # causal marks on one clock: not clamped
                                       for stage, (a, b) in zip(ENGINE_STAGES, inner, strict=True)}  # fmt: skip
             # Every reading on the process's clock: how a burst's segments queued and were grouped.
-            at = dict(zip(FIRST_AUDIO_CLOCKS, clocks, strict=True))
-            at.update({k: v for k, v in (marks or {}).items() if k in ENGINE_CLOCKS})
-            ordered = sorted(at.items(), key=lambda kv: kv[1])
-            entry["at_ms"] = {k: round((v - CLOCK_ORIGIN) * 1000, 3) for k, v in ordered}
-            if batch := {k: int(v) for k, v in (marks or {}).items() if k in ENGINE_COUNTS}:
+            at = {**dict(zip(FIRST_AUDIO_CLOCKS, clocks, strict=True)), **(marks or {})}
+            entry["at_ms"] = {k: round((at[k] - CLOCK_ORIGIN) * 1000, 3) for k in TIMELINE if k in at}
+            if batch := {k: int(at[k]) for k in ENGINE_COUNTS if k in at}:
                 entry["batch"] = batch
         self.timings.append(entry)
 
