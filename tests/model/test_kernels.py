@@ -61,7 +61,7 @@ def test_silu_mul_and_snake_match_their_pytorch_forms():
     gate_up = _randn(2, 3, 80)
     torch.testing.assert_close(kernels.silu_mul(gate_up), F.silu(gate_up[..., :40]) * gate_up[..., 40:])
     alpha, inv_beta = _randn(7).abs() + 0.5, _randn(7, seed=1).abs() + 0.5
-    for x in (_randn(2, 7, 50), _randn(2, 50, 7).transpose(1, 2)):  # contiguous and channels-last input
+    for x in (_randn(2, 50, 7), _randn(2, 7, 50).transpose(1, 2)):  # (B, T, C) contiguous, and strided
         torch.testing.assert_close(kernels.snake_beta(x, alpha, inv_beta), ops.snake_beta(x, alpha, inv_beta))
 
 

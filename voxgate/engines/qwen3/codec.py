@@ -207,7 +207,7 @@ class CausalConv(_Stateful):
     def forward(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
         history = state.tensors.get(self.key)
         if history is None:
-            history = x.new_zeros(x.shape[0], x.shape[1], (self.kernel - 1) * self.dilation)
+            history = x.new_zeros(x.shape[0], (self.kernel - 1) * self.dilation, x.shape[2])
         (weight2d,) = self.derived()
         y, new_history = ops.causal_conv(x, history, weight2d, self.conv.bias, self.kernel, self.dilation)
         state.put(self.key, new_history)
@@ -264,7 +264,7 @@ class DepthwiseConv(_Stateful):
         k = self.conv.weight.shape[-1]
         history = state.tensors.get(self.key)
         if history is None:
-            history = x.new_zeros(x.shape[0], x.shape[1], k - 1)
+            history = x.new_zeros(x.shape[0], k - 1, x.shape[2])
         (taps,) = self.derived()
         y, new_history = ops.depthwise_causal_conv(x, history, taps, self.conv.bias)
         state.put(self.key, new_history)
@@ -281,11 +281,11 @@ class ConvNeXtBlock(nn.Module):
         self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
 
     def forward(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
-        h = self.dwconv(x, state).transpose(1, 2)
+        h = self.dwconv(x, state)
         h = torch.nn.functional.layer_norm(h, self.norm.normalized_shape, self.norm.weight, self.norm.bias, 1e-6)
         h = ops.linear(h, self.pwconv1.weight, self.pwconv1.bias)
         h = ops.linear(torch.nn.functional.gelu(h), self.pwconv2.weight, self.pwconv2.bias)
-        return x + (self.gamma * h).transpose(1, 2)
+        return x + self.gamma * h
 
 
 class ResidualUnit(nn.Module):
@@ -624,12 +624,11 @@ class CodecDecoder(nn.Module):
         batched = state.position_t is not None and state.position_t.dim() == 1  # the runner checks each row
         if not batched and state.position + codes.shape[-1] > self.config.max_position_embeddings:
             raise ValueError(f"the codec decodes at most {self.config.max_position_embeddings} frames per stream")
-        h = self.quantizer.decode(codes.clamp(min=0)).transpose(1, 2)  # (B, C, T)
-        h = self.pre_conv(h, state).transpose(1, 2).contiguous()
-        h = self.pre_transformer(h, state).transpose(1, 2).contiguous()
+        h = self.quantizer.decode(codes.clamp(min=0))  # (B, T, C): channels last throughout
+        h = self.pre_transformer(self.pre_conv(h, state), state)
         for trans, convnext in self.upsample:
             h = convnext(trans(h, state), state)
         for layer in self.decoder:
             h = layer(h, state)
         state.advance(codes.shape[-1])
-        return h[:, 0].clamp(-1.0, 1.0)
+        return h[..., 0].clamp(-1.0, 1.0)

@@ -106,16 +106,14 @@ if triton is not None:
         tl.store(out_ptr + row * n + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _snake_beta_kernel(x_ptr, alpha_ptr, inv_beta_ptr, out_ptr, C, T, s_b, s_c, s_t, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)  # b * C + c
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        mask = cols < T
-        c = row % C
-        src = x_ptr + (row // C) * s_b + c * s_c
-        x = tl.load(src + cols * s_t, mask=mask, other=0.0).to(tl.float32)
-        s = tl.sin(x * tl.load(alpha_ptr + c).to(tl.float32))
-        y = x + tl.load(inv_beta_ptr + c).to(tl.float32) * s * s
-        tl.store(out_ptr + row * T + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+    def _snake_beta_kernel(x_ptr, alpha_ptr, inv_beta_ptr, out_ptr, n, C, BLOCK: tl.constexpr):
+        at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # flat index into (..., C)
+        mask = at < n
+        c = at % C
+        x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        s = tl.sin(x * tl.load(alpha_ptr + c, mask=mask, other=0.0).to(tl.float32))
+        y = x + tl.load(inv_beta_ptr + c, mask=mask, other=0.0).to(tl.float32) * s * s
+        tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def add_rms_norm(
@@ -182,10 +180,11 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def snake_beta(x: torch.Tensor, alpha_exp: torch.Tensor, inv_beta: torch.Tensor) -> torch.Tensor:
-    """x + inv_beta * sin(alpha_exp * x)^2 per channel, x (B, C, T) in any layout -> contiguous."""
-    b, c, t = x.shape
-    out = x.new_empty(b, c, t)
-    block = min(1024, triton.next_power_of_2(t))
-    grid = (b * c, triton.cdiv(t, block))
-    _snake_beta_kernel[grid](x, alpha_exp, inv_beta, out, c, t, *x.stride(), BLOCK=block, num_warps=4)
+    """x + inv_beta * sin(alpha_exp * x)^2 per channel, x (..., C) channels last -> contiguous."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    block = 1024
+    _snake_beta_kernel[(triton.cdiv(x.numel(), block),)](
+        x, alpha_exp, inv_beta, out, x.numel(), x.shape[-1], BLOCK=block, num_warps=4
+    )
     return out

@@ -33,61 +33,61 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def causal_conv(
     x: torch.Tensor, history: torch.Tensor, weight2d: torch.Tensor, bias: torch.Tensor | None, k: int, dilation: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal stride-1 conv over time as one matrix product.
+    """Causal stride-1 conv over time as one matrix product, channels last.
 
-    x: (B, Cin, T); history: (B, Cin, (k-1)*dilation), the inputs just before x (zeros at the
-    start); weight2d: (Cout, Cin*k), the conv weight flattened. Returns (y: (B, Cout, T),
-    the new history).
+    x: (B, T, Cin); history: (B, (k-1)*dilation, Cin), the inputs just before x (zeros at the
+    start); weight2d: (Cout, Cin*k), the conv weight flattened. Returns (y: (B, T, Cout),
+    the new history). Channels last, the product's output is the next layer's input as it
+    stands (no transposed copies) and each time step's channels are contiguous.
     """
     span = (k - 1) * dilation
-    b, c_in, t = x.shape
+    b, t, c_in = x.shape
     if k == 1:
-        return linear(x.transpose(1, 2), weight2d, bias).transpose(1, 2), history
-    full = torch.cat([history, x], dim=-1)
-    windows = full.unfold(-1, span + 1, 1)[..., ::dilation]  # (B, Cin, T, k)
-    cols = windows.permute(0, 2, 1, 3).reshape(b, t, c_in * k)
-    return linear(cols, weight2d, bias).transpose(1, 2), full[..., full.shape[-1] - span :]
+        return linear(x, weight2d, bias), history
+    full = torch.cat([history, x], dim=1)  # (B, span + T, Cin)
+    windows = full.unfold(1, span + 1, 1)[..., ::dilation]  # (B, T, Cin, k): the weight's (Cin, k) order
+    return linear(windows.reshape(b, t, c_in * k), weight2d, bias), full[:, full.shape[1] - span :]
 
 
 def depthwise_causal_conv(
     x: torch.Tensor, history: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Depthwise causal conv (groups = channels) as a fixed-order sum over taps.
+    """Depthwise causal conv (groups = channels) as a fixed-order sum over taps, channels last.
 
-    taps: (C, k). history: (B, C, k-1)."""
+    x: (B, T, C); taps: (C, k); history: (B, k-1, C)."""
     k = taps.shape[-1]
-    full = torch.cat([history, x], dim=-1)
-    t = x.shape[-1]
-    y = full[..., 0:t] * taps[:, 0, None]
+    full = torch.cat([history, x], dim=1)
+    t = x.shape[1]
+    y = full[:, 0:t] * taps[:, 0]
     for j in range(1, k):
-        y = y + full[..., j : j + t] * taps[:, j, None]
-    return y + bias[:, None], full[..., full.shape[-1] - (k - 1) :]
+        y = y + full[:, j : j + t] * taps[:, j]
+    return y + bias, full[:, full.shape[1] - (k - 1) :]
 
 
 def transposed_conv(
     x: torch.Tensor, tail: torch.Tensor, weight2d: torch.Tensor, bias: torch.Tensor, stride: int, direct: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal transposed conv, kernel = stride or 2*stride, right overhang trimmed.
+    """Causal transposed conv, kernel = stride or 2*stride, right overhang trimmed, channels last.
 
-    x: (B, Cin, T); weight2d: (Cout*k, Cin) from the (Cin, Cout, k) weight; tail: (B, Cout,
+    x: (B, T, Cin); weight2d: (Cout*k, Cin) from the (Cin, Cout, k) weight; tail: (B, Cout,
     k - stride), what the previous frame adds onto this one (zeros at the start).
-    Returns (y: (B, Cout, T*stride), the new tail). `direct`: the bias add writes straight into
+    Returns (y: (B, T*stride, Cout), the new tail). `direct`: the bias add writes straight into
     that layout (the same values, one copy fewer).
     """
-    b, _, t = x.shape
+    b, t, _ = x.shape
     c_out = bias.shape[0]
     k = weight2d.shape[0] // c_out
-    y = linear(x.transpose(1, 2), weight2d).reshape(b, t, c_out, k)
+    y = linear(x, weight2d).reshape(b, t, c_out, k)
     head = y[..., :stride]
     if k > stride:
         over = y[..., stride:]  # lands on the next frame's first `stride` samples
         head = head + torch.cat([tail.unsqueeze(1), over[:, :-1]], dim=1)
         tail = over[:, -1]
     if direct:
-        out = y.new_empty(b, c_out, t, stride)
-        torch.add(head, bias[:, None], out=out.permute(0, 2, 1, 3))
-        return out.view(b, c_out, t * stride), tail
-    return (head + bias[:, None]).permute(0, 2, 1, 3).reshape(b, c_out, t * stride), tail
+        out = y.new_empty(b, t, stride, c_out)
+        torch.add(head, bias[:, None], out=out.transpose(2, 3))
+        return out.view(b, t * stride, c_out), tail
+    return (head + bias[:, None]).transpose(2, 3).reshape(b, t * stride, c_out), tail
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -100,8 +100,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def snake_beta(x: torch.Tensor, alpha_exp: torch.Tensor, inv_beta: torch.Tensor) -> torch.Tensor:
-    """x + 1/beta * sin(alpha x)^2 with exp() of the log-parameters precomputed; (B, C, T)."""
-    return x + inv_beta[:, None] * torch.sin(x * alpha_exp[:, None]).pow(2)
+    """x + 1/beta * sin(alpha x)^2 with exp() of the log-parameters precomputed; (..., C)."""
+    return x + inv_beta * torch.sin(x * alpha_exp).pow(2)
 
 
 def rope_tables(head_dim: int, theta: float, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
