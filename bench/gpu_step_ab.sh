@@ -1,8 +1,9 @@
 #!/bin/sh
 # On the device machine (carry `.gpu-parity`, `.gpu-peer` or `.gpu`, and the other tree): the batched
 # decoder's captured step on this tree against another, alternated on one warm machine (issue 22).
-# For each round and each variant in VARIANTS (NAME or NAME:DIR, DIR a tree holding `voxgate/`; default
-# this one), bench/qwen3_step_profile.py (this tree's script, the variant's voxgate) replays every
+# For each round and each variant in VARIANTS (NAME, NAME:DIR or NAME:DIR:FLAGS; DIR a tree holding
+# `voxgate/`, empty for this one; FLAGS more options for the script, e.g. `on::--codec-conv-kernel`),
+# bench/qwen3_step_profile.py (this tree's script, the variant's voxgate) replays every
 # bucket's step REPEATS times and breaks the step down by part at PARTS; then a line per bucket with
 # each variant's median over the rounds.
 # Usage: VARIANTS="old:$PWD/.gpu-old new" sh bench/gpu_step_ab.sh [seed] [model]   (default 7, 0.6B-CustomVoice)
@@ -17,10 +18,11 @@ setup_bundle $BUNDLE $WHEELS || exit 1
 export PYTHONUNBUFFERED=1
 for i in $(seq "${ROUNDS:-2}"); do
     for variant in ${VARIANTS:-new}; do
-        name=${variant%%:*} tree=$PWD
-        case $variant in *:*) tree=${variant#*:} ;; esac
+        name=${variant%%:*} tree= vflags=
+        case $variant in *:*) rest=${variant#*:}; tree=${rest%%:*}; case $rest in *:*) vflags=${rest#*:} ;; esac ;; esac
+        [ -n "$tree" ] || tree=$PWD
         PYTHONPATH=$tree python3 bench/qwen3_step_profile.py --model-dir /tmp/ckpt-$TAG-$SEED --rows "${ROWS:-64}" \
-            --parts "${PARTS:-1,64}" --repeats "${REPEATS:-50}" --label "$name" ${FLAGS:-} \
+            --parts "${PARTS:-1,64}" --repeats "${REPEATS:-50}" --label "$name" ${FLAGS:-} $vflags \
             --output-json "$RES/step-$TAG-$name-$i.json" > "$RES/step-$TAG-$name-$i.txt" 2>&1
         echo "== $name ($tree), round $i (exit $?)"; grep '^|' "$RES/step-$TAG-$name-$i.txt" | head -40
     done

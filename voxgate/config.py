@@ -317,6 +317,11 @@ class Settings(BaseSettings):
         "fewer aten operations per frame (see bench/qwen3_codec_ops.py); on an H100 a one-stream step 7 % "
         "shorter, and in bf16 on an H200 it holds issue 22's yardstick (BENCHMARKS.md). false: the plain path.",
     )
+    qwen3_codec_conv_kernel: bool = Field(
+        False,
+        description="qwen3: the codec's causal convolutions as one Triton kernel each (Snake and residual add "
+        "fused in, no unfolded copies; GPU with fused kernels). Off until measured on a GPU (BENCHMARKS.md).",
+    )
     qwen3_packet_frames: int = Field(1, ge=1, le=64, description="qwen3: 80 ms frames decoded per audio packet.")
     qwen3_batched: bool | None = Field(
         None, description="qwen3: decode all streams together in one runner (default: on a GPU only)."

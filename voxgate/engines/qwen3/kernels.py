@@ -119,11 +119,12 @@ if triton is not None:
         y = x + tl.load(inv_beta_ptr + c, mask=mask, other=0.0).to(tl.float32) * s * s
         tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=mask)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["M", "T", "S", "DIL"])  # one compile per layer shape, whatever the batch
     def _causal_conv_kernel(
         x_ptr, hist_ptr, w_ptr, bias_ptr, res_ptr, alpha_ptr, inv_beta_ptr, out_ptr, M, T, S, DIL,
-        CIN: tl.constexpr, COUT: tl.constexpr, TAPS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, HAS_ACT: tl.constexpr,
-        IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+        CIN: tl.constexpr, CIN_PAD: tl.constexpr, COUT: tl.constexpr, TAPS: tl.constexpr, HAS_BIAS: tl.constexpr,
+        HAS_RES: tl.constexpr, HAS_ACT: tl.constexpr, IEEE: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     ):  # fmt: skip
         rm = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)  # output rows, b * T + t
         rn = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -133,28 +134,27 @@ if triton is not None:
         t = rm % T
         rk = tl.arange(0, BK)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for j in tl.static_range(TAPS):
+        for kk in range(0, TAPS * CIN_PAD, BK):  # one loop over (tap, channel block)
+            j = kk // CIN_PAD
+            c = kk - j * CIN_PAD + rk
+            c_ok = c < CIN
             p = t + j * DIL - S  # the input step this tap reads: x's own when >= 0, else the history's
-            from_x = (m_ok & (p >= 0))[:, None]
-            from_h = (m_ok & (p < 0))[:, None]
-            x_rows = x_ptr + (b * T + p)[:, None] * CIN
-            h_rows = hist_ptr + (b * S + S + p)[:, None] * CIN
-            for c0 in range(0, CIN, BK):
-                c = c0 + rk
-                c_ok = (c < CIN)[None, :]
-                a = tl.load(x_rows + c[None, :], mask=from_x & c_ok, other=0.0)
-                a += tl.load(h_rows + c[None, :], mask=from_h & c_ok, other=0.0)
-                if HAS_ACT:  # the Snake before the conv, as _snake_beta_kernel computes and rounds it
-                    af = a.to(tl.float32)
-                    s = tl.sin(af * tl.load(alpha_ptr + c, mask=c < CIN, other=0.0).to(tl.float32)[None, :])
-                    inv_beta = tl.load(inv_beta_ptr + c, mask=c < CIN, other=0.0).to(tl.float32)[None, :]
-                    a = (af + inv_beta * s * s).to(x_ptr.dtype.element_ty)
-                w_at = w_ptr + (j * CIN + c)[:, None] * COUT + rn[None, :]
-                w = tl.load(w_at, mask=(c < CIN)[:, None] & n_ok[None, :], other=0.0)
-                if IEEE:
-                    acc = tl.dot(a, w, acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(a, w, acc)
+            from_x = (m_ok & (p >= 0))[:, None] & c_ok[None, :]
+            from_h = (m_ok & (p < 0))[:, None] & c_ok[None, :]
+            a = tl.load(x_ptr + (b * T + p)[:, None] * CIN + c[None, :], mask=from_x, other=0.0)
+            a += tl.load(hist_ptr + (b * S + S + p)[:, None] * CIN + c[None, :], mask=from_h, other=0.0)
+            if HAS_ACT:  # the Snake before the conv, as _snake_beta_kernel computes and rounds it
+                af = a.to(tl.float32)
+                s = tl.sin(af * tl.load(alpha_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :])
+                inv_beta = tl.load(inv_beta_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+                a = (af + inv_beta * s * s).to(x_ptr.dtype.element_ty)
+            w = tl.load(
+                w_ptr + (j * CIN + c)[:, None] * COUT + rn[None, :], mask=c_ok[:, None] & n_ok[None, :], other=0.0
+            )
+            if IEEE:
+                acc = tl.dot(a, w, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, w, acc)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         out_mask = m_ok[:, None] & n_ok[None, :]
@@ -261,7 +261,8 @@ def causal_conv(
     grid = (triton.cdiv(m, bm), triton.cdiv(c_out, bn))
     _causal_conv_kernel[grid](
         x, history, weight_kc, bias if bias is not None else x, residual if residual is not None else x,
-        alpha, inv_beta, out, m, t, history.shape[1], dilation, CIN=c_in, COUT=c_out, TAPS=taps, HAS_BIAS=bias is not None, HAS_RES=residual is not None, HAS_ACT=act is not None,
+        alpha, inv_beta, out, m, t, history.shape[1], dilation, CIN=c_in, CIN_PAD=triton.cdiv(c_in, 32) * 32,
+        COUT=c_out, TAPS=taps, HAS_BIAS=bias is not None, HAS_RES=residual is not None, HAS_ACT=act is not None,
         IEEE=x.dtype == torch.float32, BM=bm, BN=bn, BK=32, num_warps=4, num_stages=3,
     )  # fmt: skip
     return out

@@ -87,9 +87,11 @@ def load_checkpoint(
     dtype: torch.dtype = torch.float32,
     fused_kernels: bool = True,
     codec_lean: bool = False,
+    codec_conv_kernel: bool = False,
 ) -> Qwen3Checkpoint:
     """Weights onto `device`; on a GPU with the fast paths (`fuse()`), and the Triton kernels
-    when `fused_kernels` and Triton is there; the codec decoder's lean path with `codec_lean`."""
+    when `fused_kernels` and Triton is there (the codec's conv kernel too with `codec_conv_kernel`);
+    the codec decoder's lean path with `codec_lean`."""
     model_dir = Path(model_dir)
     check_layout(model_dir)
     t0 = time.perf_counter()
@@ -125,7 +127,7 @@ def load_checkpoint(
     if talker.codec_head.weight.is_cuda:
         use_kernels = fused_kernels and kernels.available()
         talker.fuse(kernels=use_kernels)
-        codec.fuse(kernels=use_kernels)
+        codec.fuse(kernels=use_kernels, conv=use_kernels and codec_conv_kernel)
     try:
         tokenizer = load_text_tokenizer(model_dir)
         generation = json.loads((model_dir / "generation_config.json").read_text())
