@@ -48,7 +48,12 @@ def _timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _measure(conv: CausalConv, act: SnakeBeta | None, rows: int, steps: int, c_in: int, repeats: int) -> dict:
+SWEEP = [(bm, bn, bk, w, 3) for bm in (64, 128) for bn in (64, 128) for bk in (32, 64) for w in (4, 8)]
+
+
+def _measure(
+    conv: CausalConv, act: SnakeBeta | None, rows: int, steps: int, c_in: int, repeats: int, sweep: bool = False
+) -> dict:
     device, dtype = conv.conv.weight.device, conv.conv.weight.dtype
     g = torch.Generator(device=device).manual_seed(2)
     x = torch.randn(rows, steps, c_in, device=device, generator=g).to(dtype)
@@ -69,8 +74,17 @@ def _measure(conv: CausalConv, act: SnakeBeta | None, rows: int, steps: int, c_i
     if device.type == "cuda":
         torch.cuda.synchronize()
     first_s = time.perf_counter() - t0
-    return {"steps": steps, "c_in": c_in, "c_out": conv.conv.out_channels, "taps": conv.kernel,
-            "dilation": conv.dilation, "act": snake is not None, "first_call_s": round(first_s, 3),
+    tried = {}
+    for tiles in SWEEP if sweep else []:
+
+        def tiled(tiles=tiles) -> torch.Tensor:
+            return kernels.causal_conv(x, history, conv.weight_kc(), conv.conv.bias, conv.dilation, snake, tiles=tiles)
+
+        tiled()
+        tried[",".join(map(str, tiles))] = round(_timed(tiled, repeats), 4)
+    best = min(tried.items(), key=lambda kv: kv[1]) if tried else None
+    return {"best_tiles": best, "swept": tried, "steps": steps, "c_in": c_in, "c_out": conv.conv.out_channels,
+            "taps": conv.kernel, "dilation": conv.dilation, "act": snake is not None, "first_call_s": round(first_s, 3),
             "unfolded_ms": round(_timed(unfolded, repeats), 4), "fused_ms": round(_timed(fused, repeats), 4),
             "max_diff": (got.float() - unfolded().float()).abs().max().item()}  # fmt: skip
 
@@ -83,6 +97,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--output-json", type=Path, default=None)
     parser.add_argument("--only", default="", help="convs whose key contains this (default: all)")
+    parser.add_argument("--sweep", action="store_true", help="also try every tile set of SWEEP per layer shape")
     args = parser.parse_args()
     root = args.config_root or default_config_root()
     raw = json.loads((root / args.model / "speech_tokenizer/config.json").read_text())
@@ -104,12 +119,20 @@ def main() -> None:
     for h in hooks:
         h.remove()
     rows_out = []
+    swept: set[tuple[int, ...]] = set()  # layer shapes already swept (the dilation matters: its own reads)
     with torch.inference_mode():
         for rows in (int(r) for r in args.rows.split(",")):
             for key, (conv, steps, c_in) in shapes.items():
                 if args.only not in key:
                     continue
-                row = {"rows": rows, "conv": key, **_measure(conv, acts.get(conv), rows, steps, c_in, args.repeats)}
+                shape = (steps, c_in, conv.conv.out_channels, conv.kernel, conv.dilation)
+                sweep = args.sweep and shape not in swept
+                swept.add(shape)
+                row = {
+                    "rows": rows,
+                    "conv": key,
+                    **_measure(conv, acts.get(conv), rows, steps, c_in, args.repeats, sweep),
+                }
                 rows_out.append(row)
                 print(json.dumps(row), flush=True)
     for rows in sorted({r["rows"] for r in rows_out}):

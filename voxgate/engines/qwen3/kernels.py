@@ -242,12 +242,14 @@ def snake_beta(x: torch.Tensor, alpha_exp: torch.Tensor, inv_beta: torch.Tensor)
 def causal_conv(
     x: torch.Tensor, history: torch.Tensor, weight_kc: torch.Tensor, bias: torch.Tensor | None, dilation: int,
     act: tuple[torch.Tensor, torch.Tensor] | None = None, residual: torch.Tensor | None = None,
+    tiles: tuple[int, int, int, int, int] | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """`ops.causal_conv`'s output as one implicit matrix product: each tap's rows are read from
     `history` or `x` in place (no concatenation, no unfolded copy of the input k times over),
     with the Snake activation `act` (alpha_exp, inv_beta) applied as they load and the
     `residual` added on the way out. x (B, T, Cin) and history (B, S, Cin), channels last;
     weight_kc (k * Cin, Cout), row j * Cin + c = tap j, input channel c. -> (B, T, Cout).
+    `tiles`: (BM, BN, BK, warps, stages), for a sweep (bench/qwen3_conv_kernel.py).
     The sum runs in another order than the unfolded product's, so values differ by rounding."""
     x, history = x.contiguous(), history.contiguous()
     b, t, c_in = x.shape
@@ -255,14 +257,16 @@ def causal_conv(
     taps = weight_kc.shape[0] // c_in
     out = x.new_empty(b, t, c_out)
     m = b * t
-    bn = 64 if c_out % 64 == 0 else 32 if c_out % 32 == 0 else 16
-    bm = 128 if m >= 8192 else 64
+    if tiles is None:
+        bn = 64 if c_out % 64 == 0 else 32 if c_out % 32 == 0 else 16
+        tiles = (128 if m >= 8192 else 64, bn, 32, 4, 3)
+    bm, bn, bk, warps, stages = tiles
     alpha, inv_beta = act if act is not None else (x, x)
     grid = (triton.cdiv(m, bm), triton.cdiv(c_out, bn))
     _causal_conv_kernel[grid](
         x, history, weight_kc, bias if bias is not None else x, residual if residual is not None else x,
-        alpha, inv_beta, out, m, t, history.shape[1], dilation, CIN=c_in, CIN_PAD=triton.cdiv(c_in, 32) * 32,
+        alpha, inv_beta, out, m, t, history.shape[1], dilation, CIN=c_in, CIN_PAD=triton.cdiv(c_in, bk) * bk,
         COUT=c_out, TAPS=taps, HAS_BIAS=bias is not None, HAS_RES=residual is not None, HAS_ACT=act is not None,
-        IEEE=x.dtype == torch.float32, BM=bm, BN=bn, BK=32, num_warps=4, num_stages=3,
+        IEEE=x.dtype == torch.float32, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
