@@ -1,10 +1,12 @@
-"""The codec's causal convolutions one by one: the fused Triton kernel (`kernels.causal_conv`)
-against the unfolded product it replaces, on a GPU.
+"""The codec's causal convolutions one by one: the Triton implicit product (`kernels.causal_conv`)
+and the unfold kernel (`kernels.unfold`) against the unfolded product, on a GPU.
 
 Every `CausalConv` of the codec decoder built from a real `speech_tokenizer/config.json`
 (random weights, bf16) at its per-frame input shape, at each of `--rows`: the kernel's first
-call (its compile), then each path's median time over `--repeats` calls (CUDA events), and the
-largest difference between their outputs. Progress is printed as it goes; `--output-json` keeps it.
+call (its compile), then each path's median time over `--repeats` calls (CUDA events), the
+largest difference between the kernel's output and the unfolded one, and whether the gathered
+path (`kernels.unfold`, then the same product) gives the unfolded output bit for bit. Progress
+is printed as it goes; `--output-json` keeps it.
 
     python bench/qwen3_conv_kernel.py --config-root .gpu/qwen3-tts --rows 1,64,128 --output-json $OUT/conv.json
 """
@@ -69,6 +71,11 @@ def _measure(
     def fused() -> torch.Tensor:
         return kernels.causal_conv(x, history, conv.weight_kc(), conv.conv.bias, conv.dilation, snake)
 
+    def gathered() -> torch.Tensor:
+        if not span:  # a 1-tap conv has nothing to unfold: the unfold mode's own path
+            return unfolded()
+        return ops.linear(kernels.unfold(x, history, conv.kernel, conv.dilation, snake), weight2d, conv.conv.bias)
+
     t0 = time.perf_counter()
     got = fused()
     if device.type == "cuda":
@@ -86,7 +93,9 @@ def _measure(
     return {"best_tiles": best, "swept": tried, "steps": steps, "c_in": c_in, "c_out": conv.conv.out_channels,
             "taps": conv.kernel, "dilation": conv.dilation, "act": snake is not None, "first_call_s": round(first_s, 3),
             "unfolded_ms": round(_timed(unfolded, repeats), 4), "fused_ms": round(_timed(fused, repeats), 4),
-            "max_diff": (got.float() - unfolded().float()).abs().max().item()}  # fmt: skip
+            "max_diff": (got.float() - unfolded().float()).abs().max().item(),
+            "gathered_ms": round(_timed(gathered, repeats), 4),
+            "gathered_exact": torch.equal(gathered(), unfolded())}  # fmt: skip
 
 
 def main() -> None:
@@ -137,8 +146,10 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
     for rows in sorted({r["rows"] for r in rows_out}):
         mine = [r for r in rows_out if r["rows"] == rows]
-        print(f"rows {rows}: unfolded {sum(r['unfolded_ms'] for r in mine):.3f} ms, "
-              f"fused {sum(r['fused_ms'] for r in mine):.3f} ms over {len(mine)} convs", flush=True)  # fmt: skip
+        total = {k: sum(r[k] for r in mine) for k in ("unfolded_ms", "fused_ms", "gathered_ms", "gathered_exact")}
+        print(f"rows {rows}: unfolded {total['unfolded_ms']:.3f} ms, product kernel {total['fused_ms']:.3f} ms, "
+              f"gathered {total['gathered_ms']:.3f} ms (exact in {total['gathered_exact']}) over {len(mine)} convs",
+              flush=True)  # fmt: skip
     if args.output_json:
         args.output_json.write_text(json.dumps({"model": args.model, "convs": rows_out}, indent=1))
 

@@ -49,8 +49,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="cuda; cpu only checks the script (CPU ops, no graphs)")
     add_codec_lean_argument(parser)
     parser.add_argument(
-        "--codec-conv-kernel", action="store_true", help="the codec's conv kernel (VOXGATE_QWEN3_CODEC_CONV_KERNEL)"
-    )
+        "--codec-conv", choices=("unfold", "gather", "product"), default="unfold",
+        help="how the codec's convolutions run (VOXGATE_QWEN3_CODEC_CONV; default unfold)",
+    )  # fmt: skip
     parser.add_argument("--label", default="")
     parser.add_argument("--output-json", type=Path, default=None)
     args = parser.parse_args()
@@ -75,7 +76,7 @@ def profile_step(args: argparse.Namespace) -> dict[str, Any]:
         args.device,
         torch.bfloat16 if cuda else torch.float32,
         codec_lean=args.codec_lean,
-        codec_conv_kernel=args.codec_conv_kernel,
+        codec_conv=args.codec_conv,
     )
     sampling = SamplingParams.from_generation_config(ck.generation)  # as the engine captures it
     t0 = time.perf_counter()
@@ -90,7 +91,7 @@ def profile_step(args: argparse.Namespace) -> dict[str, Any]:
         "label": args.label, "rows": args.rows, "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__, "model": ck.model_dir.name, "attention_length": length,
         "fused_kernels": ck.talker.model.kernels, "fused_sampler": decoder.fused_sampler, "codec_lean": args.codec_lean,
-        "codec_conv_kernel": args.codec_conv_kernel,
+        "codec_conv": args.codec_conv,
         "start_s": round(start_s, 1), "step_ms": {b: round(c * 1e3, 3) for b, c in costs.items()}, "parts": parts,
     }  # fmt: skip
 

@@ -222,15 +222,16 @@ def test_the_causal_conv_kernel_gives_the_unfolded_product(c_in, c_out, taps, di
     torch.testing.assert_close(got, expected + res if residual else expected, atol=1e-5, rtol=1e-5)
 
 
-def test_a_codec_on_the_conv_kernel_streams_the_pcm_of_the_unfolded_one(ours):
+@pytest.mark.parametrize("mode", ["product", "gather"])
+def test_a_codec_on_a_conv_kernel_streams_the_pcm_of_the_unfolded_one(ours, mode):
     """Frame by frame through a batched state, held rows and a bucket that changes (3 rows, then
-    1): with a threshold between, the same conv runs fused at 3 rows and unfused at 1, so the
-    two paths read and write each other's state (raw inputs, the activation applied inside)."""
+    1): for "product", with a threshold between, the same conv runs fused at 3 rows and unfused at
+    1, so the two paths read and write each other's state (raw inputs, the activation inside)."""
     plain = copy.deepcopy(ours["cv06"].codec).to(DEVICE)
     fused = copy.deepcopy(plain)
     chosen = [m for m in fused.decoder[3].modules() if isinstance(m, CausalConv)]
     for conv in chosen:  # (the interpreter is slow: only the block at 640 steps a frame)
-        conv.fused, conv.MIN_FUSED_ROWS = True, 1000  # block 3: fused at 3 rows (1920), not at 1 (640)
+        conv.mode, conv.MIN_FUSED_ROWS = mode, 1000  # block 3: fused at 3 rows (1920), not at 1 (640)
     schedule = [(3, None), (3, 2), (1, None), (3, 0), (1, None), (3, None)]  # (bucket, held row)
     codes = torch.randint(0, 2048, (3, 16, len(schedule)), generator=torch.Generator().manual_seed(7)).to(DEVICE)
     pcm = []
@@ -247,7 +248,21 @@ def test_a_codec_on_the_conv_kernel_streams_the_pcm_of_the_unfolded_one(ours):
                     moving[held] = False
                 frames.append(codec.run(codes[:bucket, :, i : i + 1], state.rows(bucket, moving))[0])
         pcm.append(torch.stack(frames))
-    assert all(c._weight_kc is not None for c in chosen)  # each ran through the kernel at least once
+    assert mode != "product" or all(c._weight_kc is not None for c in chosen)  # each ran the kernel at least once
     assert len(chosen) == 6  # three residual units, two convs each
     assert pcm[0].abs().max() > 1e-3
     torch.testing.assert_close(pcm[1], pcm[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("taps", "dilation", "act"), [(7, 3, True), (3, 1, False), (7, 9, True)])
+def test_the_unfold_kernel_gives_the_unfolded_values_exactly(taps, dilation, act):
+    """`kernels.unfold` against the concatenation, the Snake kernel and the unfold copy it
+    replaces: bit for bit (the product after it is the same call), taps reaching into the history."""
+    b, t, c_in = 2, 5, 70
+    span = (taps - 1) * dilation
+    x, history = _randn(b, t, c_in), _randn(b, span, c_in, seed=1)
+    snake = (_randn(c_in, seed=4).abs() + 0.5, _randn(c_in, seed=5).abs() + 0.5) if act else None
+    full = torch.cat([history, x], dim=1)
+    full = kernels.snake_beta(full, *snake) if snake else full
+    expected = full.unfold(1, span + 1, 1)[..., ::dilation].reshape(b, t, c_in * taps)
+    assert torch.equal(kernels.unfold(x, history, taps, dilation, snake), expected)

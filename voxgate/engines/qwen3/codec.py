@@ -198,9 +198,15 @@ class _Stateful(_Derived):
 class CausalConv(_Stateful):
     """A causal conv; with `act` (the SnakeBeta before it) the activation is applied inside, so
     its state holds the raw inputs (the same values either way: the activation is pointwise)
-    and the fused path can apply it as it loads them (`kernels.causal_conv`)."""
+    and the GPU paths can apply it as they load them.
 
-    fused = False  # set by CodecDecoder.fuse(): large inputs through kernels.causal_conv
+    `mode` (CodecDecoder.fuse, VOXGATE_QWEN3_CODEC_CONV): "unfold", a concatenation, the
+    activation, an unfold copy and one product (`ops.causal_conv`; the CPU's, always);
+    "gather", the same product on the same unfolded values made in one pass (`kernels.unfold`);
+    "product", one implicit-product kernel (`kernels.causal_conv`) for inputs of MIN_FUSED_ROWS+
+    rows, other values by rounding (and slower on an H200: BENCHMARKS.md)."""
+
+    mode = "unfold"
     MIN_FUSED_ROWS = 256  # below this many (batch x time) rows the unfolded product wins: few tiles, long sums
 
     def __init__(self, c_in: int, c_out: int, kernel: int, dilation: int = 1) -> None:
@@ -226,19 +232,24 @@ class CausalConv(_Stateful):
         history = state.tensors.get(self.key)
         if history is None:
             history = x.new_zeros(x.shape[0], span, x.shape[2])
-        if self.fused and x.shape[0] * x.shape[1] >= self.MIN_FUSED_ROWS:
+        (weight2d,) = self.derived()
+        if self.mode == "product" and x.shape[0] * x.shape[1] >= self.MIN_FUSED_ROWS:
             y = kernels.causal_conv(
                 x, history, self.weight_kc(), self.conv.bias, self.dilation, act.derived() if act else None, residual
             )
-            if span:
-                tail = x[:, -span:] if x.shape[1] >= span else torch.cat([history[:, x.shape[1] :], x], dim=1)
-                state.put(self.key, tail)
-            return y
-        (weight2d,) = self.derived()
-        y, new_history = ops.causal_conv(x, history, weight2d, self.conv.bias, self.kernel, self.dilation, act)
-        if span:  # a 1-tap conv keeps nothing
-            state.put(self.key, new_history)
-        return y if residual is None else y + residual
+        elif self.mode == "gather" and span:
+            cols = kernels.unfold(x, history, self.kernel, self.dilation, act.derived() if act else None)
+            y = ops.linear(cols, weight2d, self.conv.bias)
+            y = y if residual is None else y + residual
+        else:
+            y, new_history = ops.causal_conv(x, history, weight2d, self.conv.bias, self.kernel, self.dilation, act)
+            if span:  # a 1-tap conv keeps nothing
+                state.put(self.key, new_history)
+            return y if residual is None else y + residual
+        if span:
+            tail = x[:, -span:] if x.shape[1] >= span else torch.cat([history[:, x.shape[1] :], x], dim=1)
+            state.put(self.key, tail)
+        return y
 
 
 class CausalTransConv(_Stateful):
@@ -614,9 +625,9 @@ class CodecDecoder(nn.Module):
             if isinstance(module, _Stateful):
                 module.key = name
 
-    def fuse(self, kernels: bool = False, conv: bool = False) -> None:
-        """The GPU fast path: each Snake activation as one Triton kernel (`kernels`), and with
-        `conv` each causal conv on a large input as one (`kernels.causal_conv`). (cuDNN's
+    def fuse(self, kernels: bool = False, conv: str = "unfold") -> None:
+        """The GPU fast path: each Snake activation as one Triton kernel (`kernels`), and each
+        causal conv's `CausalConv.mode` (`conv`; "unfold" without `kernels`). (cuDNN's
         convolutions instead of unfold + product were slower here, 8.8 vs 6.7 ms per 64-row
         frame on an H200, and their algorithm changes with the length: streamed drifted from
         offline to 42 dB SNR.)"""
@@ -624,7 +635,7 @@ class CodecDecoder(nn.Module):
             if isinstance(module, SnakeBeta):
                 module.fused = kernels
             elif isinstance(module, CausalConv):
-                module.fused = conv
+                module.mode = conv if kernels else "unfold"
 
     def set_lean(self, on: bool = True) -> None:
         """The lean path: the same values in fewer operations (kernels on a GPU), ~1/3 fewer

@@ -10,6 +10,8 @@ fold them together; each computes in float32 and rounds once on store:
 - `silu_mul`: SiLU(gate) * up from the fused gate/up projection (was: two or three);
 - `snake_beta`: the codec's x + 1/beta sin^2(alpha x) (was: five kernels, four of them
   broadcasting, which PyTorch runs unvectorized);
+- `unfold`: a codec conv's unfolded input with the Snake before it, read from its history and
+  input in place (was: concatenation, activation, unfold copy), for the same product after;
 - `causal_conv`: the codec's causal convolution as an implicit matrix product, with the
   Snake before it and the residual add after it (was: activation, concatenation, an unfolded
   copy of the input k times its size, the product, the add); on a large batch the codec's
@@ -164,6 +166,31 @@ if triton is not None:
             y = (y.to(tl.float32) + tl.load(res_ptr + at, mask=out_mask, other=0.0).to(tl.float32)).to(y.dtype)
         tl.store(out_ptr + at, y, mask=out_mask)
 
+    @triton.jit(do_not_specialize=["M", "T", "S", "DIL"])
+    def _unfold_kernel(
+        x_ptr, hist_ptr, alpha_ptr, inv_beta_ptr, out_ptr, M, T, S, DIL, CIN: tl.constexpr, TAPS: tl.constexpr,
+        TAPS_P2: tl.constexpr, HAS_ACT: tl.constexpr, BM: tl.constexpr, BC: tl.constexpr,
+    ):  # fmt: skip
+        rm = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)  # rows, b * T + t
+        rc = tl.program_id(1) * BC + tl.arange(0, BC)
+        rj = tl.arange(0, TAPS_P2)
+        m_ok = rm < M
+        c_ok = (rc < CIN)[None, :, None]
+        b = rm // T
+        p = (rm % T)[:, None] + rj[None, :] * DIL - S  # (BM, taps): the input step each tap reads
+        ok = (m_ok[:, None] & (rj < TAPS)[None, :])[:, None, :] & c_ok  # (BM, BC, taps)
+        x_at = x_ptr + ((b[:, None] * T + p) * CIN)[:, None, :] + rc[None, :, None]
+        h_at = hist_ptr + ((b[:, None] * S + S + p) * CIN)[:, None, :] + rc[None, :, None]
+        a = tl.load(x_at, mask=ok & (p >= 0)[:, None, :], other=0.0)
+        a += tl.load(h_at, mask=ok & (p < 0)[:, None, :], other=0.0)
+        if HAS_ACT:  # as _snake_beta_kernel computes and rounds it
+            af = a.to(tl.float32)
+            s = tl.sin(af * tl.load(alpha_ptr + rc, mask=rc < CIN, other=0.0).to(tl.float32)[None, :, None])
+            inv_beta = tl.load(inv_beta_ptr + rc, mask=rc < CIN, other=0.0).to(tl.float32)[None, :, None]
+            a = (af + inv_beta * s * s).to(out_ptr.dtype.element_ty)
+        out_at = out_ptr + (rm[:, None, None] * CIN + rc[None, :, None]) * TAPS + rj[None, None, :]
+        tl.store(out_at, a, mask=ok)
+
 
 def add_rms_norm(
     x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -268,5 +295,24 @@ def causal_conv(
         alpha, inv_beta, out, m, t, history.shape[1], dilation, CIN=c_in, CIN_PAD=triton.cdiv(c_in, bk) * bk,
         COUT=c_out, TAPS=taps, HAS_BIAS=bias is not None, HAS_RES=residual is not None, HAS_ACT=act is not None,
         IEEE=x.dtype == torch.float32, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return out
+
+
+def unfold(
+    x: torch.Tensor, history: torch.Tensor, taps: int, dilation: int, act: tuple[torch.Tensor, torch.Tensor] | None
+) -> torch.Tensor:
+    """The unfolded input of a causal conv, (B, T, Cin * taps) with column c * taps + j = the Snake
+    `act` of input channel c at tap j, read from `history` (B, S, Cin) or `x` (B, T, Cin) in place:
+    the values `ops.causal_conv` makes with a concatenation, the activation and an unfold copy, in
+    one pass; the product that follows is the same."""
+    x, history = x.contiguous(), history.contiguous()
+    b, t, c_in = x.shape
+    out = x.new_empty(b, t, c_in * taps)
+    bm, bc = 16, 64
+    alpha, inv_beta = act if act is not None else (x, x)
+    _unfold_kernel[(triton.cdiv(b * t, bm), triton.cdiv(c_in, bc))](
+        x, history, alpha, inv_beta, out, b * t, t, history.shape[1], dilation, CIN=c_in, TAPS=taps,
+        TAPS_P2=triton.next_power_of_2(taps), HAS_ACT=act is not None, BM=bm, BC=bc, num_warps=4,
     )  # fmt: skip
     return out

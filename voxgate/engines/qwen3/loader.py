@@ -87,10 +87,10 @@ def load_checkpoint(
     dtype: torch.dtype = torch.float32,
     fused_kernels: bool = True,
     codec_lean: bool = False,
-    codec_conv_kernel: bool = False,
+    codec_conv: str = "unfold",
 ) -> Qwen3Checkpoint:
     """Weights onto `device`; on a GPU with the fast paths (`fuse()`), and the Triton kernels
-    when `fused_kernels` and Triton is there (the codec's conv kernel too with `codec_conv_kernel`);
+    when `fused_kernels` and Triton is there (the codec's convolutions as `codec_conv` says);
     the codec decoder's lean path with `codec_lean`."""
     model_dir = Path(model_dir)
     check_layout(model_dir)
@@ -127,7 +127,7 @@ def load_checkpoint(
     if talker.codec_head.weight.is_cuda:
         use_kernels = fused_kernels and kernels.available()
         talker.fuse(kernels=use_kernels)
-        codec.fuse(kernels=use_kernels, conv=use_kernels and codec_conv_kernel)
+        codec.fuse(kernels=use_kernels, conv=codec_conv)
     try:
         tokenizer = load_text_tokenizer(model_dir)
         generation = json.loads((model_dir / "generation_config.json").read_text())
