@@ -48,10 +48,6 @@ def main() -> None:
     parser.add_argument("--parts", default="1,64", help="buckets to break down by part (default 1,64)")
     parser.add_argument("--device", default="cuda", help="cuda; cpu only checks the script (CPU ops, no graphs)")
     add_codec_lean_argument(parser)
-    parser.add_argument(
-        "--codec-conv", choices=("unfold", "gather", "product"), default="unfold",
-        help="how the codec's convolutions run (VOXGATE_QWEN3_CODEC_CONV; default unfold)",
-    )  # fmt: skip
     parser.add_argument("--label", default="")
     parser.add_argument("--output-json", type=Path, default=None)
     args = parser.parse_args()
@@ -72,11 +68,7 @@ def profile_step(args: argparse.Namespace) -> dict[str, Any]:
     if cuda and not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU here (--device cpu only checks the script)")
     ck = load_checkpoint(
-        args.model_dir,
-        args.device,
-        torch.bfloat16 if cuda else torch.float32,
-        codec_lean=args.codec_lean,
-        codec_conv=args.codec_conv,
+        args.model_dir, args.device, torch.bfloat16 if cuda else torch.float32, codec_lean=args.codec_lean
     )
     sampling = SamplingParams.from_generation_config(ck.generation)  # as the engine captures it
     t0 = time.perf_counter()
@@ -91,7 +83,6 @@ def profile_step(args: argparse.Namespace) -> dict[str, Any]:
         "label": args.label, "rows": args.rows, "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__, "model": ck.model_dir.name, "attention_length": length,
         "fused_kernels": ck.talker.model.kernels, "fused_sampler": decoder.fused_sampler, "codec_lean": args.codec_lean,
-        "codec_conv": args.codec_conv,
         "start_s": round(start_s, 1), "step_ms": {b: round(c * 1e3, 3) for b, c in costs.items()}, "parts": parts,
     }  # fmt: skip
 

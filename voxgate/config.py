@@ -317,13 +317,6 @@ class Settings(BaseSettings):
         "fewer aten operations per frame (see bench/qwen3_codec_ops.py); on an H100 a one-stream step 7 % "
         "shorter, and in bf16 on an H200 it holds issue 22's yardstick (BENCHMARKS.md). false: the plain path.",
     )
-    qwen3_codec_conv: Literal["unfold", "gather", "product"] = Field(
-        "unfold",
-        description="qwen3: how the codec decoder's causal convolutions run on a GPU with fused kernels: unfold "
-        "(concatenation, Snake, unfold copy, one product), gather (the same product on the same values, its input "
-        "unfolded in one Triton pass), product (one Triton implicit-product kernel; slower on an H200: a 128-row "
-        "step 27.6 ms against 15.9; BENCHMARKS.md).",
-    )
     qwen3_packet_frames: int = Field(1, ge=1, le=64, description="qwen3: 80 ms frames decoded per audio packet.")
     qwen3_batched: bool | None = Field(
         None, description="qwen3: decode all streams together in one runner (default: on a GPU only)."

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 
 from voxgate.engines.qwen3 import ops
 from voxgate.engines.qwen3.batch import BatchDecoder
-from voxgate.engines.qwen3.codec import CausalConv, DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.generate import generate_codes
 from voxgate.engines.qwen3.prompt import PromptBuilder
@@ -197,72 +196,3 @@ def test_a_frame_embedding_in_bf16_is_summed_in_float32_and_rounded_once(ours):
         stepwise = stepwise + rows[:, i]
     assert not torch.equal(stepwise, once)  # the two roundings differ on these codes: the test can tell
     assert torch.equal(talker.frame_embedding(codes), once)
-
-
-@pytest.mark.parametrize(
-    ("c_in", "c_out", "taps", "dilation", "act", "residual", "bias"),
-    [(40, 24, 7, 3, True, False, True), (40, 40, 1, 1, True, True, True), (33, 70, 3, 1, False, False, False)],
-)
-def test_the_causal_conv_kernel_gives_the_unfolded_product(c_in, c_out, taps, dilation, act, residual, bias):
-    """Taps reaching back into the history (span 18 > T 5), channel counts off the tiles, the
-    Snake before and the residual after: the values of ops.causal_conv (+ the add)."""
-    b, t, span = 2, 5, (taps - 1) * dilation
-    x, history = _randn(b, t, c_in), _randn(b, span, c_in, seed=1)
-    weight = _randn(c_out, c_in, taps, seed=2) / (c_in * taps) ** 0.5
-    bias_ = _randn(c_out, seed=3) if bias else None
-    snake = (_randn(c_in, seed=4).abs() + 0.5, _randn(c_in, seed=5).abs() + 0.5) if act else None
-    res = _randn(b, t, c_out, seed=6) if residual else None
-    got = kernels.causal_conv(
-        x, history, weight.permute(2, 1, 0).reshape(-1, c_out).contiguous(), bias_, dilation, snake, res
-    )
-    expected, _ = ops.causal_conv(
-        x, history, weight.reshape(c_out, -1), bias_, taps, dilation,
-        (lambda v: ops.snake_beta(v, *snake)) if snake else None,
-    )  # fmt: skip
-    torch.testing.assert_close(got, expected + res if residual else expected, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("mode", ["product", "gather"])
-def test_a_codec_on_a_conv_kernel_streams_the_pcm_of_the_unfolded_one(ours, mode):
-    """Frame by frame through a batched state, held rows and a bucket that changes (3 rows, then
-    1): for "product", with a threshold between, the same conv runs fused at 3 rows and unfused at
-    1, so the two paths read and write each other's state (raw inputs, the activation inside)."""
-    plain = copy.deepcopy(ours["cv06"].codec).to(DEVICE)
-    fused = copy.deepcopy(plain)
-    chosen = [m for m in fused.decoder[3].modules() if isinstance(m, CausalConv)]
-    for conv in chosen:  # (the interpreter is slow: only the block at 640 steps a frame)
-        conv.mode, conv.MIN_FUSED_ROWS = mode, 1000  # block 3: fused at 3 rows (1920), not at 1 (640)
-    schedule = [(3, None), (3, 2), (1, None), (3, 0), (1, None), (3, None)]  # (bucket, held row)
-    codes = torch.randint(0, 2048, (3, 16, len(schedule)), generator=torch.Generator().manual_seed(7)).to(DEVICE)
-    pcm = []
-    for codec in (plain, fused):
-        state = DecoderState()
-        with torch.no_grad():
-            codec.decode(torch.zeros(3, 16, 1, dtype=torch.long, device=DEVICE), state)
-        state.freeze_rows(torch.device(DEVICE), 3)
-        frames = []
-        with torch.inference_mode():
-            for i, (bucket, held) in enumerate(schedule):
-                moving = torch.ones(bucket, dtype=torch.bool, device=DEVICE)
-                if held is not None and held < bucket:
-                    moving[held] = False
-                frames.append(codec.run(codes[:bucket, :, i : i + 1], state.rows(bucket, moving))[0])
-        pcm.append(torch.stack(frames))
-    assert mode != "product" or all(c._weight_kc is not None for c in chosen)  # each ran the kernel at least once
-    assert len(chosen) == 6  # three residual units, two convs each
-    assert pcm[0].abs().max() > 1e-3
-    torch.testing.assert_close(pcm[1], pcm[0], atol=1e-5, rtol=0)
-
-
-@pytest.mark.parametrize(("taps", "dilation", "act"), [(7, 3, True), (3, 1, False), (7, 9, True)])
-def test_the_unfold_kernel_gives_the_unfolded_values_exactly(taps, dilation, act):
-    """`kernels.unfold` against the concatenation, the Snake kernel and the unfold copy it
-    replaces: bit for bit (the product after it is the same call), taps reaching into the history."""
-    b, t, c_in = 2, 5, 70
-    span = (taps - 1) * dilation
-    x, history = _randn(b, t, c_in), _randn(b, span, c_in, seed=1)
-    snake = (_randn(c_in, seed=4).abs() + 0.5, _randn(c_in, seed=5).abs() + 0.5) if act else None
-    full = torch.cat([history, x], dim=1)
-    full = kernels.snake_beta(full, *snake) if snake else full
-    expected = full.unfold(1, span + 1, 1)[..., ::dilation].reshape(b, t, c_in * taps)
-    assert torch.equal(kernels.unfold(x, history, taps, dilation, snake), expected)

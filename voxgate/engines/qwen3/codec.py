@@ -196,59 +196,21 @@ class _Stateful(_Derived):
 
 
 class CausalConv(_Stateful):
-    """A causal conv; with `act` (the SnakeBeta before it) the activation is applied inside, so
-    its state holds the raw inputs (the same values either way: the activation is pointwise)
-    and the GPU paths can apply it as they load them.
-
-    `mode` (CodecDecoder.fuse, VOXGATE_QWEN3_CODEC_CONV): "unfold", a concatenation, the
-    activation, an unfold copy and one product (`ops.causal_conv`; the CPU's, always);
-    "gather", the same product on the same unfolded values made in one pass (`kernels.unfold`);
-    "product", one implicit-product kernel (`kernels.causal_conv`) for inputs of MIN_FUSED_ROWS+
-    rows, other values by rounding (and slower on an H200: BENCHMARKS.md)."""
-
-    mode = "unfold"
-    MIN_FUSED_ROWS = 256  # below this many (batch x time) rows the unfolded product wins: few tiles, long sums
-
     def __init__(self, c_in: int, c_out: int, kernel: int, dilation: int = 1) -> None:
         super().__init__()
         self.conv = nn.Conv1d(c_in, c_out, kernel, dilation=dilation)
         self.kernel, self.dilation = kernel, dilation
-        self._weight_kc: torch.Tensor | None = None
 
     def derive(self) -> tuple[torch.Tensor, ...]:
         return (self.conv.weight.reshape(self.conv.out_channels, -1),)
 
-    def weight_kc(self) -> torch.Tensor:
-        """The weight as the fused kernel reads it: (k * Cin, Cout), tap-major; made on first use."""
-        if self._weight_kc is None:
-            with torch.inference_mode(False), torch.no_grad():
-                self._weight_kc = self.conv.weight.permute(2, 1, 0).reshape(-1, self.conv.out_channels).contiguous()
-        return self._weight_kc
-
-    def forward(
-        self, x: torch.Tensor, state: DecoderState, act: SnakeBeta | None = None, residual: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        span = (self.kernel - 1) * self.dilation
+    def forward(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
         history = state.tensors.get(self.key)
         if history is None:
-            history = x.new_zeros(x.shape[0], span, x.shape[2])
+            history = x.new_zeros(x.shape[0], (self.kernel - 1) * self.dilation, x.shape[2])
         (weight2d,) = self.derived()
-        if self.mode == "product" and x.shape[0] * x.shape[1] >= self.MIN_FUSED_ROWS:
-            y = kernels.causal_conv(
-                x, history, self.weight_kc(), self.conv.bias, self.dilation, act.derived() if act else None, residual
-            )
-        elif self.mode == "gather" and span:
-            cols = kernels.unfold(x, history, self.kernel, self.dilation, act.derived() if act else None)
-            y = ops.linear(cols, weight2d, self.conv.bias)
-            y = y if residual is None else y + residual
-        else:
-            y, new_history = ops.causal_conv(x, history, weight2d, self.conv.bias, self.kernel, self.dilation, act)
-            if span:  # a 1-tap conv keeps nothing
-                state.put(self.key, new_history)
-            return y if residual is None else y + residual
-        if span:
-            tail = x[:, -span:] if x.shape[1] >= span else torch.cat([history[:, x.shape[1] :], x], dim=1)
-            state.put(self.key, tail)
+        y, new_history = ops.causal_conv(x, history, weight2d, self.conv.bias, self.kernel, self.dilation)
+        state.put(self.key, new_history)
         return y
 
 
@@ -335,7 +297,8 @@ class ResidualUnit(nn.Module):
         self.conv2 = CausalConv(dim, dim, 1)
 
     def forward(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
-        return self.conv2(self.conv1(x, state, self.act1), state, self.act2, residual=x)
+        h = self.conv1(self.act1(x), state)
+        return self.conv2(self.act2(h), state) + x
 
 
 class DecoderBlock(nn.Module):
@@ -625,17 +588,14 @@ class CodecDecoder(nn.Module):
             if isinstance(module, _Stateful):
                 module.key = name
 
-    def fuse(self, kernels: bool = False, conv: str = "unfold") -> None:
-        """The GPU fast path: each Snake activation as one Triton kernel (`kernels`), and each
-        causal conv's `CausalConv.mode` (`conv`; "unfold" without `kernels`). (cuDNN's
+    def fuse(self, kernels: bool = False) -> None:
+        """The GPU fast path: each Snake activation as one Triton kernel (`kernels`). (cuDNN's
         convolutions instead of unfold + product were slower here, 8.8 vs 6.7 ms per 64-row
         frame on an H200, and their algorithm changes with the length: streamed drifted from
         offline to 42 dB SNR.)"""
         for module in self.modules():
             if isinstance(module, SnakeBeta):
                 module.fused = kernels
-            elif isinstance(module, CausalConv):
-                module.mode = conv if kernels else "unfold"
 
     def set_lean(self, on: bool = True) -> None:
         """The lean path: the same values in fewer operations (kernels on a GPU), ~1/3 fewer
@@ -651,8 +611,6 @@ class CodecDecoder(nn.Module):
         for module in self.modules():
             if isinstance(module, _Derived):
                 module._derived = None
-            if isinstance(module, CausalConv):
-                module._weight_kc = None
 
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor, state: DecoderState | None = None) -> torch.Tensor:
@@ -670,9 +628,7 @@ class CodecDecoder(nn.Module):
         h = self.pre_transformer(self.pre_conv(h, state), state)
         for trans, convnext in self.upsample:
             h = convnext(trans(h, state), state)
-        *blocks, last_act, last_conv = self.decoder
-        for layer in blocks:
+        for layer in self.decoder:
             h = layer(h, state)
-        h = last_conv(h, state, last_act)
         state.advance(codes.shape[-1])
         return h[..., 0].clamp(-1.0, 1.0)

@@ -496,7 +496,6 @@ def create(settings: Settings) -> Qwen3Engine:
         dtype,
         fused_kernels=settings.qwen3_fused_kernels,
         codec_lean=settings.qwen3_codec_lean,
-        codec_conv=settings.qwen3_codec_conv,
     )
     return Qwen3Engine(
         checkpoint,

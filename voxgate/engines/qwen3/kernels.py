@@ -9,13 +9,7 @@ fold them together; each computes in float32 and rounds once on store:
   at each row's position (was: norm, weight multiply, three RoPE kernels, two cache writes);
 - `silu_mul`: SiLU(gate) * up from the fused gate/up projection (was: two or three);
 - `snake_beta`: the codec's x + 1/beta sin^2(alpha x) (was: five kernels, four of them
-  broadcasting, which PyTorch runs unvectorized);
-- `unfold`: a codec conv's unfolded input with the Snake before it, read from its history and
-  input in place (was: concatenation, activation, unfold copy), for the same product after;
-- `causal_conv`: the codec's causal convolution as an implicit matrix product, with the
-  Snake before it and the residual add after it (was: activation, concatenation, an unfolded
-  copy of the input k times its size, the product, the add); on a large batch the codec's
-  time went mostly to those copies.
+  broadcasting, which PyTorch runs unvectorized).
 
 `available()` says whether they can run (Triton importable, tensors on CUDA); callers keep
 their PyTorch path otherwise (the CPU, always: it follows the reference's op order).
@@ -121,76 +115,6 @@ if triton is not None:
         y = x + tl.load(inv_beta_ptr + c, mask=mask, other=0.0).to(tl.float32) * s * s
         tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=mask)
 
-    @triton.jit(do_not_specialize=["M", "T", "S", "DIL"])  # one compile per layer shape, whatever the batch
-    def _causal_conv_kernel(
-        x_ptr, hist_ptr, w_ptr, bias_ptr, res_ptr, alpha_ptr, inv_beta_ptr, out_ptr, M, T, S, DIL,
-        CIN: tl.constexpr, CIN_PAD: tl.constexpr, COUT: tl.constexpr, TAPS: tl.constexpr, HAS_BIAS: tl.constexpr,
-        HAS_RES: tl.constexpr, HAS_ACT: tl.constexpr, IEEE: tl.constexpr,
-        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    ):  # fmt: skip
-        rm = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)  # output rows, b * T + t
-        rn = tl.program_id(1) * BN + tl.arange(0, BN)
-        m_ok = rm < M
-        n_ok = rn < COUT
-        b = rm // T
-        t = rm % T
-        rk = tl.arange(0, BK)
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for kk in range(0, TAPS * CIN_PAD, BK):  # one loop over (tap, channel block)
-            j = kk // CIN_PAD
-            c = kk - j * CIN_PAD + rk
-            c_ok = c < CIN
-            p = t + j * DIL - S  # the input step this tap reads: x's own when >= 0, else the history's
-            from_x = (m_ok & (p >= 0))[:, None] & c_ok[None, :]
-            from_h = (m_ok & (p < 0))[:, None] & c_ok[None, :]
-            a = tl.load(x_ptr + (b * T + p)[:, None] * CIN + c[None, :], mask=from_x, other=0.0)
-            a += tl.load(hist_ptr + (b * S + S + p)[:, None] * CIN + c[None, :], mask=from_h, other=0.0)
-            if HAS_ACT:  # the Snake before the conv, as _snake_beta_kernel computes and rounds it
-                af = a.to(tl.float32)
-                s = tl.sin(af * tl.load(alpha_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :])
-                inv_beta = tl.load(inv_beta_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-                a = (af + inv_beta * s * s).to(x_ptr.dtype.element_ty)
-            w = tl.load(
-                w_ptr + (j * CIN + c)[:, None] * COUT + rn[None, :], mask=c_ok[:, None] & n_ok[None, :], other=0.0
-            )
-            if IEEE:
-                acc = tl.dot(a, w, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, w, acc)
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        out_mask = m_ok[:, None] & n_ok[None, :]
-        at = rm[:, None] * COUT + rn[None, :]
-        y = acc.to(out_ptr.dtype.element_ty)
-        if HAS_RES:  # the residual add after the conv's rounded output, as an unfused add
-            y = (y.to(tl.float32) + tl.load(res_ptr + at, mask=out_mask, other=0.0).to(tl.float32)).to(y.dtype)
-        tl.store(out_ptr + at, y, mask=out_mask)
-
-    @triton.jit(do_not_specialize=["M", "T", "S", "DIL"])
-    def _unfold_kernel(
-        x_ptr, hist_ptr, alpha_ptr, inv_beta_ptr, out_ptr, M, T, S, DIL, CIN: tl.constexpr, TAPS: tl.constexpr,
-        TAPS_P2: tl.constexpr, HAS_ACT: tl.constexpr, BM: tl.constexpr, BC: tl.constexpr,
-    ):  # fmt: skip
-        rm = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)  # rows, b * T + t
-        rc = tl.program_id(1) * BC + tl.arange(0, BC)
-        rj = tl.arange(0, TAPS_P2)
-        m_ok = rm < M
-        c_ok = (rc < CIN)[None, :, None]
-        b = rm // T
-        p = (rm % T)[:, None] + rj[None, :] * DIL - S  # (BM, taps): the input step each tap reads
-        ok = (m_ok[:, None] & (rj < TAPS)[None, :])[:, None, :] & c_ok  # (BM, BC, taps)
-        x_at = x_ptr + ((b[:, None] * T + p) * CIN)[:, None, :] + rc[None, :, None]
-        h_at = hist_ptr + ((b[:, None] * S + S + p) * CIN)[:, None, :] + rc[None, :, None]
-        a = tl.load(x_at, mask=ok & (p >= 0)[:, None, :], other=0.0)
-        a += tl.load(h_at, mask=ok & (p < 0)[:, None, :], other=0.0)
-        if HAS_ACT:  # as _snake_beta_kernel computes and rounds it
-            af = a.to(tl.float32)
-            s = tl.sin(af * tl.load(alpha_ptr + rc, mask=rc < CIN, other=0.0).to(tl.float32)[None, :, None])
-            inv_beta = tl.load(inv_beta_ptr + rc, mask=rc < CIN, other=0.0).to(tl.float32)[None, :, None]
-            a = (af + inv_beta * s * s).to(out_ptr.dtype.element_ty)
-        out_at = out_ptr + (rm[:, None, None] * CIN + rc[None, :, None]) * TAPS + rj[None, None, :]
-        tl.store(out_at, a, mask=ok)
-
 
 def add_rms_norm(
     x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -263,56 +187,4 @@ def snake_beta(x: torch.Tensor, alpha_exp: torch.Tensor, inv_beta: torch.Tensor)
     _snake_beta_kernel[(triton.cdiv(x.numel(), block),)](
         x, alpha_exp, inv_beta, out, x.numel(), x.shape[-1], BLOCK=block, num_warps=4
     )
-    return out
-
-
-def causal_conv(
-    x: torch.Tensor, history: torch.Tensor, weight_kc: torch.Tensor, bias: torch.Tensor | None, dilation: int,
-    act: tuple[torch.Tensor, torch.Tensor] | None = None, residual: torch.Tensor | None = None,
-    tiles: tuple[int, int, int, int, int] | None = None,
-) -> torch.Tensor:  # fmt: skip
-    """`ops.causal_conv`'s output as one implicit matrix product: each tap's rows are read from
-    `history` or `x` in place (no concatenation, no unfolded copy of the input k times over),
-    with the Snake activation `act` (alpha_exp, inv_beta) applied as they load and the
-    `residual` added on the way out. x (B, T, Cin) and history (B, S, Cin), channels last;
-    weight_kc (k * Cin, Cout), row j * Cin + c = tap j, input channel c. -> (B, T, Cout).
-    `tiles`: (BM, BN, BK, warps, stages), for a sweep (bench/qwen3_conv_kernel.py).
-    The sum runs in another order than the unfolded product's, so values differ by rounding."""
-    x, history = x.contiguous(), history.contiguous()
-    b, t, c_in = x.shape
-    c_out = weight_kc.shape[1]
-    taps = weight_kc.shape[0] // c_in
-    out = x.new_empty(b, t, c_out)
-    m = b * t
-    if tiles is None:
-        bn = 64 if c_out % 64 == 0 else 32 if c_out % 32 == 0 else 16
-        tiles = (128 if m >= 8192 else 64, bn, 32, 4, 3)
-    bm, bn, bk, warps, stages = tiles
-    alpha, inv_beta = act if act is not None else (x, x)
-    grid = (triton.cdiv(m, bm), triton.cdiv(c_out, bn))
-    _causal_conv_kernel[grid](
-        x, history, weight_kc, bias if bias is not None else x, residual if residual is not None else x,
-        alpha, inv_beta, out, m, t, history.shape[1], dilation, CIN=c_in, CIN_PAD=triton.cdiv(c_in, bk) * bk,
-        COUT=c_out, TAPS=taps, HAS_BIAS=bias is not None, HAS_RES=residual is not None, HAS_ACT=act is not None,
-        IEEE=x.dtype == torch.float32, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages,
-    )  # fmt: skip
-    return out
-
-
-def unfold(
-    x: torch.Tensor, history: torch.Tensor, taps: int, dilation: int, act: tuple[torch.Tensor, torch.Tensor] | None
-) -> torch.Tensor:
-    """The unfolded input of a causal conv, (B, T, Cin * taps) with column c * taps + j = the Snake
-    `act` of input channel c at tap j, read from `history` (B, S, Cin) or `x` (B, T, Cin) in place:
-    the values `ops.causal_conv` makes with a concatenation, the activation and an unfold copy, in
-    one pass; the product that follows is the same."""
-    x, history = x.contiguous(), history.contiguous()
-    b, t, c_in = x.shape
-    out = x.new_empty(b, t, c_in * taps)
-    bm, bc = 16, 64
-    alpha, inv_beta = act if act is not None else (x, x)
-    _unfold_kernel[(triton.cdiv(b * t, bm), triton.cdiv(c_in, bc))](
-        x, history, alpha, inv_beta, out, b * t, t, history.shape[1], dilation, CIN=c_in, TAPS=taps,
-        TAPS_P2=triton.next_power_of_2(taps), HAS_ACT=act is not None, BM=bm, BC=bc, num_warps=4,
-    )  # fmt: skip
     return out

@@ -87,11 +87,9 @@ def load_checkpoint(
     dtype: torch.dtype = torch.float32,
     fused_kernels: bool = True,
     codec_lean: bool = False,
-    codec_conv: str = "unfold",
 ) -> Qwen3Checkpoint:
     """Weights onto `device`; on a GPU with the fast paths (`fuse()`), and the Triton kernels
-    when `fused_kernels` and Triton is there (the codec's convolutions as `codec_conv` says);
-    the codec decoder's lean path with `codec_lean`."""
+    when `fused_kernels` and Triton is there; the codec decoder's lean path with `codec_lean`."""
     model_dir = Path(model_dir)
     check_layout(model_dir)
     t0 = time.perf_counter()
@@ -127,7 +125,7 @@ def load_checkpoint(
     if talker.codec_head.weight.is_cuda:
         use_kernels = fused_kernels and kernels.available()
         talker.fuse(kernels=use_kernels)
-        codec.fuse(kernels=use_kernels, conv=codec_conv)
+        codec.fuse(kernels=use_kernels)
     try:
         tokenizer = load_text_tokenizer(model_dir)
         generation = json.loads((model_dir / "generation_config.json").read_text())

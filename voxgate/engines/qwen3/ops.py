@@ -13,8 +13,6 @@ Three rules make that hold with PyTorch's CPU kernels:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 
@@ -33,23 +31,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def causal_conv(
-    x: torch.Tensor, history: torch.Tensor, weight2d: torch.Tensor, bias: torch.Tensor | None, k: int,
-    dilation: int = 1, act: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    x: torch.Tensor, history: torch.Tensor, weight2d: torch.Tensor, bias: torch.Tensor | None, k: int, dilation: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal stride-1 conv over time as one matrix product, channels last.
 
     x: (B, T, Cin); history: (B, (k-1)*dilation, Cin), the inputs just before x (zeros at the
-    start); weight2d: (Cout, Cin*k), the conv weight flattened; `act`, a pointwise activation
-    applied to the inputs (history included: it holds them raw). Returns (y: (B, T, Cout),
+    start); weight2d: (Cout, Cin*k), the conv weight flattened. Returns (y: (B, T, Cout),
     the new history). Channels last, the product's output is the next layer's input as it
     stands (no transposed copies) and each time step's channels are contiguous.
     """
     span = (k - 1) * dilation
     b, t, c_in = x.shape
     if k == 1:
-        return linear(act(x) if act else x, weight2d, bias), history
+        return linear(x, weight2d, bias), history
     full = torch.cat([history, x], dim=1)  # (B, span + T, Cin)
-    windows = (act(full) if act else full).unfold(1, span + 1, 1)[..., ::dilation]  # (B, T, Cin, k)
+    windows = full.unfold(1, span + 1, 1)[..., ::dilation]  # (B, T, Cin, k): the weight's (Cin, k) order
     return linear(windows.reshape(b, t, c_in * k), weight2d, bias), full[:, full.shape[1] - span :]
 
 
