@@ -143,3 +143,24 @@ def test_a_batch_decoder_with_the_lean_codec_streams_the_same_audio(ours, codecs
         pcm.append(np.stack([decoder.step(2, [0, 1]).pcm[:2] for _ in range(6)]))
     assert np.abs(pcm[0]).max() > 1e-3
     np.testing.assert_allclose(pcm[1], pcm[0], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_the_codec_runs_channels_last_so_no_activation_reads_across_a_stride(codecs, which):
+    """Every Snake activation gets its input contiguous with channels last (B, T, C): on a GPU the
+    decoder ran channels first once, each layer transposing and Snake reading every channel with a
+    stride of C, which cost a 128-row step 20 % (BENCHMARKS.md, 'The codec channels last')."""
+    codec = codecs[which]
+    seen: list[tuple[bool, int, int]] = []
+
+    def check(module, given):
+        seen.append((given[0].is_contiguous(), given[0].shape[-1], module.alpha.numel()))
+
+    hooks = [m.register_forward_pre_hook(check) for m in codec.modules() if isinstance(m, SnakeBeta)]
+    try:
+        _batched_pcm(codec, _codes(2, 2), {})
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(seen) == 3 * sum(isinstance(m, SnakeBeta) for m in codec.modules())  # the state's first decode + 2
+    assert all(contiguous and last == channels for contiguous, last, channels in seen)
