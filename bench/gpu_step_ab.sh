@@ -2,7 +2,7 @@
 # On the device machine (carry `.gpu-parity`, `.gpu-peer` or `.gpu`, and the other tree): the batched
 # decoder's captured step on this tree against another, alternated on one warm machine (issue 22).
 # For each round and each variant in VARIANTS (NAME, NAME:DIR or NAME:DIR:FLAGS; DIR a tree holding
-# `voxgate/`, empty for this one; FLAGS more options for the script, e.g. `on::--codec-conv-kernel`),
+# `voxgate/`, empty for this one; FLAGS more options for the script, e.g. `plain::--no-codec-lean`),
 # bench/qwen3_step_profile.py (this tree's script, the variant's voxgate) replays every
 # bucket's step REPEATS times and breaks the step down by part at PARTS; then a line per bucket with
 # each variant's median over the rounds.
