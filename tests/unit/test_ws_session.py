@@ -622,6 +622,10 @@ def test_an_abbreviation_s_full_stop_ends_no_segment_however_the_deltas_fall():
         assert _cut_texts(deltas) == ["Ask Dr. Lee now.", "Then go."], deltas
     assert _cut_texts(["Use a tool, e.g. ", "the saw. ", "Done."]) == ["Use a tool, e.g. the saw.", "Done."]
     assert _cut_texts(["It is big. ", "Very big."]) == ["It is big.", "Very big."]  # no abbreviation: cut at once
+    for last in ("left", "rain", "true", "it"):  # a short word ends the sentence at once: no wait for the next delta
+        t = _session(starter_units=0)
+        t.delta(_delta(f"Then it {last}. ", 0))
+        assert [g.text for g in _segments(t)] == [f"Then it {last}."], last
     s = _session(starter_units=0)
     s.delta(_delta("See Dr. ", 0))
     assert s.take_segment() is None  # "Dr. " waits for the next word

@@ -838,8 +838,10 @@ def abbreviation_holds(core: str, after: str) -> bool:
         return True  # "U.S.", "Ph.D.", "e.g.", "J. Doe"
     if lower in _TITLES:
         return True  # "Dr. Lee", "Sen. Warren"
-    if after.isdigit():  # "No. 3", "Nov. 26", "Rte. 128", "Apt. 4"
-        return lower in _BEFORE_NUMBERS or lower in _KNOWN or (token.isalpha() and len(token) <= 4)
+    if after.isdigit():  # "No. 3", "Nov. 26", "Rte. 128", "Apt. 4"; an unknown short one capitalised ("Blk. 4"),
+        # since a lower-case short word is far more often a sentence's last ("it left. 3 more came")
+        short = token.isalpha() and len(token) <= 4 and not token.islower()
+        return lower in _BEFORE_NUMBERS or lower in _KNOWN or short
     if lower not in _KNOWN:
         return False
     return after in "([（" or lower not in _WORDS or after.islower() or is_ideograph(after)  # "etc.我们" goes on

@@ -509,8 +509,9 @@ class Gateway:
                 segment = s.take_segment()
                 if segment is None:
                     live.work.clear()
+                    wait = self._next_check(live, idle, time.perf_counter())
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(live.work.wait(), timeout=min(idle, 0.2))
+                        await asyncio.wait_for(live.work.wait(), timeout=wait)
                     now = time.perf_counter()
                     if s.idle_flush_due(now, idle):
                         s.flush(now)
@@ -523,6 +524,19 @@ class Gateway:
             pass
         except Exception:
             log.exception("websocket synthesis failed")
+
+    @staticmethod
+    def _next_check(live: Live, idle: float, now: float) -> float:
+        """How long the synthesiser may sleep with no segment: until the idle flush could be due
+        (at most 0.2 s), or sooner, the moment its listener starts starving, so the cut that
+        starving allows is made then, not up to a delta or a poll later (a listener at 5 words a
+        second would run dry in that wait)."""
+        wait = min(idle, 0.2)
+        if live.socket is not None and live.clock.end is not None:
+            ahead = live.clock.buffered(now) - STARVING_S
+            if ahead > 0:
+                wait = min(wait, ahead + 0.001)
+        return wait
 
     @staticmethod
     def _starving(live: Live, now: float) -> bool:
