@@ -7,7 +7,7 @@
 # Environment: RES (results folder; default: packed into $OUT/results-TAG.tgz), ROWS, KV (qwen3_kv_capacity, default 2048),
 # CAPACITY=0 / OVERLOAD=0 (skip a part), DURATION (seconds of text a round, default 15), START,
 # CAPMAX, GROWTH, UNDERRUN_MS (the search: from 64 sessions, at most the engine's estimate,
-# doubling, no underrun allowed),
+# doubling, no underrun allowed), UNDERRUNS (which fail a round: all, or text-in-hand; `voxgate load --underruns`),
 # EXTRA (more server settings, KEY=VALUE without the VOXGATE_ prefix).
 set -u
 . bench/gpu_common.sh  # SEED ($1), MODEL ($2), TAG, RES; gpu_setup, wait_server, summary
@@ -28,7 +28,8 @@ cat $RES/healthz-rows$ROWS.json; echo
 SLOTS=$(python3 -c "import json; print(json.load(open('$RES/healthz-rows$ROWS.json'))['stream_slots'])")
 LOAD="python3 -m voxgate load --url ws://127.0.0.1:8765/v1/tts/ws --starter-units 3 --admin-key bench-admin"
 if [ "${CAPACITY:-1}" = 1 ]; then
-    PYTHONPATH=$PWD $LOAD --find-capacity --concurrency ${START:-64} --capacity-max ${CAPMAX:-$SLOTS} --capacity-growth ${GROWTH:-2} --max-underrun-ms ${UNDERRUN_MS:-0} --cps 5 \
+    PYTHONPATH=$PWD $LOAD --find-capacity --concurrency ${START:-64} --capacity-max ${CAPMAX:-$SLOTS} --capacity-growth ${GROWTH:-2} --max-underrun-ms ${UNDERRUN_MS:-0} \
+        --underruns ${UNDERRUNS:-all} --cps 5 \
         --duration $DURATION --output-json $RES/capacity-$TAG-rows$ROWS.json > $RES/capacity-$TAG-rows$ROWS.txt 2>&1
     grep "\[capacity\]" $RES/capacity-$TAG-rows$ROWS.txt; tail -3 $RES/capacity-$TAG-rows$ROWS.txt
 fi

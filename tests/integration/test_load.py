@@ -138,9 +138,11 @@ def test_find_capacity_and_overload_from_the_command_line(gateway, tmp_path):
         "1e9",
     ]  # the plumbing, not this machine's speed
     found = subprocess.run([*common, "--concurrency", "1", "--find-capacity", "--capacity-max", "3",
-                            "--output-json", str(out)], capture_output=True, text=True, timeout=120)  # fmt: skip
+                            "--underruns", "text-in-hand", "--output-json", str(out)],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert found.returncode == 0, found.stderr
     capacity = json.loads(out.read_text())["capacity"]
+    assert capacity["criteria"]["underruns_counted"].startswith("text in hand")
     assert [r["sessions"] for r in capacity["rounds"]] == [1, 2, 3] and capacity["capacity"] == 3
     assert capacity["saturates_at"] is None and "capacity: 3 sessions; saturates at not within 3" in found.stdout
     assert "[capacity] 2 sessions: pass" in found.stderr

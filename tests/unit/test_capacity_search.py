@@ -13,12 +13,13 @@ from voxgate.bench.load import LoadParams
 PARAMS = LoadParams(url="ws://127.0.0.1:1/v1/tts/ws", concurrency=4)
 
 
-def report(n: int, *, underruns: int = 0, p95: float | None = 400.0, refused: int = 0) -> dict:
+def report(n: int, *, underruns: int = 0, p95: float | None = 400.0, refused: int = 0, waited: int = 0) -> dict:
+    """A round's results; `waited` of the `underruns` came after the listener waited for text."""
     results = {
         "sessions": n, "sessions_ok": n - refused,
         "units": {"sent": 10 * n, "received": 10 * n, "missing": 0, "duplicate": 0, "mismatched": 0, "cancelled": 0},
         "underruns": {"count": underruns, "total_ms": 80.0 * underruns,
-                      "after_text_wait": {"count": 0, "total_ms": 0.0},
+                      "after_text_wait": {"count": waited, "total_ms": 80.0 * waited},
                       "events": [{"session": i, "ms": 80.0, "at_s": 1.0 + i} for i in range(underruns)]},
         "ttfa_ms": {"all": {"p95": p95}}, "gateway_ttfa_ms": {"all": {"p95": 50.0}},
         "unit_latency_ms": {"all": {"p95": 900.0}}, "errors": {"other": {"busy": refused} if refused else {}},
@@ -89,3 +90,24 @@ def test_a_round_keeps_its_longest_underruns_in_time_order():
     kept = judge(8, results, 1000)["underrun_events"]
     assert len(kept) == 20 and [e["at_s"] for e in kept] == sorted(e["at_s"] for e in kept)
     assert {0, 5, 10, 15, 20} <= {e["session"] for e in kept} and 1 not in {e["session"] for e in kept}
+
+
+def test_text_in_hand_fails_a_round_only_on_underruns_with_the_text_there():
+    waits_only = report(8, underruns=3, waited=3)["results"]
+    assert not judge(8, waits_only, 1000)["passed"]  # strict (the default): every underrun counts
+    lenient = judge(8, waits_only, 1000, text_waits=False)
+    assert (
+        lenient["passed"] and lenient["underruns"] == 3 and lenient["underruns_after_text_wait"] == 3
+    )  # still reported
+    one_in_hand = judge(8, report(8, underruns=3, waited=2)["results"], 1000, text_waits=False)
+    assert not one_in_hand["passed"] and "3 underruns (240.0 ms; 2 after" in one_in_hand["why_not"][0]
+    assert judge(8, report(8, underruns=3, waited=2)["results"], 1000, underrun_ms_max=80, text_waits=False)["passed"]
+
+    def execute(params: LoadParams) -> dict:  # past 20 sessions, only text waits
+        n = params.concurrency
+        return report(n, underruns=n // 10, waited=n // 10 if n <= 40 else 0)
+
+    strict = find_capacity(PARAMS, execute, limit=100, progress=lambda _: None)
+    found = find_capacity(PARAMS, execute, limit=100, text_waits=False, progress=lambda _: None)
+    assert strict["capacity"] < 10 and 36 <= found["capacity"] <= 40 < found["saturates_at"]
+    assert found["criteria"]["underruns_counted"].startswith("text in hand")

@@ -139,6 +139,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-underrun-ms", type=float, default=0.0,
         help="underrun ms a capacity round may add up to and still pass (default 0: any underrun fails it)",
     )  # fmt: skip
+    add(
+        "--underruns", choices=("all", "text-in-hand"), default="all",
+        help="which underruns fail a capacity or overload round: all (default), or text-in-hand: not those after "
+        "the listener waited for the text (each as short as a segment's first audio; reported either way)",
+    )  # fmt: skip
     add("--probe-sessions", type=int, default=4, help="overload: fresh sessions started once it ends (default 4)")
     add("--probe-duration", type=float, default=10.0, help="overload: the probe's seconds of text (default 10)")
 
@@ -423,14 +428,16 @@ def run_capacity(args: argparse.Namespace, params: LoadParams) -> int:
     if args.find_capacity:
         found = find_capacity(
             params, settled, limit=args.capacity_max, growth=args.capacity_growth, ttfa_bound_ms=args.ttfa_bound_ms,
-            underrun_ms_max=args.max_underrun_ms, progress=lambda line: print(line, file=sys.stderr, flush=True),
+            underrun_ms_max=args.max_underrun_ms, text_waits=args.underruns == "all",
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
         )  # fmt: skip
         report["capacity"] = found
         table = capacity_table(found)
         code = 0
     else:
         result = overload(params, execute, probe_sessions=args.probe_sessions, probe_duration_s=args.probe_duration,
-                          ttfa_bound_ms=args.ttfa_bound_ms, underrun_ms_max=args.max_underrun_ms)  # fmt: skip
+                          ttfa_bound_ms=args.ttfa_bound_ms, underrun_ms_max=args.max_underrun_ms,
+                          text_waits=args.underruns == "all")  # fmt: skip
         report["overload"] = result
         crowd, probe = result["crowd"], result["probe_after"]
         table = "\n".join([
