@@ -1,34 +1,55 @@
-"""The gateway's synthesiser wakes when its listener starts starving, not at its next poll."""
+"""When a gateway listener starves: the moment the synthesiser wakes for it, and the threshold,
+which follows how long segments take to start."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
-from voxgate.serving.ws import STARVING_S, Gateway
-from voxgate.speech.clock import PlaybackClock
+from voxgate.serving.ws import STARVING_S, next_check
+from voxgate.speech.clock import PlaybackClock, StartWatch
 
 NOW = 1000.0
+THRESHOLD = 0.15
 
 
-def _live(buffered_s: float | None, attached: bool = True) -> SimpleNamespace:
+def _clock(buffered_s: float | None) -> PlaybackClock:
     clock = PlaybackClock()
     if buffered_s is not None:
         clock.add(buffered_s, NOW)
-    return SimpleNamespace(socket=object() if attached else None, clock=clock)
+    return clock
 
 
 def test_the_synthesiser_sleeps_only_until_its_listener_would_start_starving():
     # 0.3 s in hand: wake when 0.15 s is left (the cut starving allows, made at once), not after
     # the 0.2 s poll and then maybe a delta's wait: at 5 words a second the listener would run dry.
     for buffered in (0.3, 0.2):
-        assert Gateway._next_check(_live(buffered), 5.0, NOW) == pytest.approx(buffered - STARVING_S + 0.001)
+        wait = next_check(_clock(buffered), True, 5.0, NOW, THRESHOLD)
+        assert wait == pytest.approx(buffered - THRESHOLD + 0.001)
+    assert next_check(_clock(0.5), True, 5.0, NOW, 0.4) == pytest.approx(0.101)  # a higher threshold: sooner
 
 
 def test_the_synthesiser_polls_as_before_where_starving_cannot_come_sooner():
-    assert Gateway._next_check(_live(10.0), 5.0, NOW) == 0.2  # far ahead: the poll comes first
-    assert Gateway._next_check(_live(10.0), 0.05, NOW) == 0.05  # the idle flush comes first
-    assert Gateway._next_check(_live(None), 5.0, NOW) == 0.2  # no audio yet
-    assert Gateway._next_check(_live(1.0, attached=False), 5.0, NOW) == 0.2  # nobody listens
-    assert Gateway._next_check(_live(0.05), 5.0, NOW) == 0.2  # already starving: no busy loop
+    assert next_check(_clock(10.0), True, 5.0, NOW, THRESHOLD) == 0.2  # far ahead: the poll comes first
+    assert next_check(_clock(10.0), True, 0.05, NOW, THRESHOLD) == 0.05  # the idle flush comes first
+    assert next_check(_clock(None), True, 5.0, NOW, THRESHOLD) == 0.2  # no audio yet
+    assert next_check(_clock(1.0), False, 5.0, NOW, THRESHOLD) == 0.2  # nobody listens
+    assert next_check(_clock(0.05), True, 5.0, NOW, THRESHOLD) == 0.2  # already starving: no busy loop
+
+
+def test_the_starving_threshold_follows_the_recent_worst_segment_start_within_its_bounds():
+    floor, ceiling = STARVING_S
+    watch = StartWatch(floor, ceiling)
+    assert watch.threshold() == floor  # nothing seen: an idle machine's
+    watch.note(0.01)  # tone on a CPU
+    assert watch.threshold() == floor
+    watch.note(0.12)  # a burst of starts on a busy GPU: twice it
+    assert watch.threshold() == pytest.approx(0.24)
+    watch.note(0.02)
+    assert watch.threshold() == pytest.approx(2 * 0.12 * 0.95)  # a slow start is forgotten gradually
+    for _ in range(100):
+        watch.note(0.02)
+    assert watch.threshold() == floor  # ... and then gone
+    watch.note(5.0)  # a start behind a long queue
+    assert watch.threshold() == ceiling
+    with pytest.raises(ValueError):
+        StartWatch(0.0, 1.0)

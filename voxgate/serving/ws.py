@@ -42,6 +42,7 @@ from voxgate.serving.wsproto import (
     error,
     parse_client,
 )
+from voxgate.speech.clock import PlaybackClock, StartWatch
 from voxgate.speech.stream import EngineStream
 from voxgate.types import Busy, Preempted, VoxgateError
 
@@ -52,9 +53,10 @@ WS_FORMATS = (*(f for f in FORMATS if f != "wav"), "mp3", "opus", "aac")
 DETACHED_PRIORITY = -100  # the lowest a request may ask for (HTTP allows -100..100)
 SESSION_HEADER = "x-voxgate-session"  # the connect's session key (browsers cannot set headers: ?session=)
 DRAIN_CLOSE = 1012  # "service restart": the server is going; open the session again elsewhere
-# A listener with less audio than this in hand and nothing more coming is starving: the next
-# segment is sized like a starter (`Session.starved`). About a GPU segment's first audio under load.
-STARVING_S = 0.15
+# A listener with less audio in hand than twice a segment's recent worst start (within these
+# bounds; `speech/clock.py`'s StartWatch) and nothing more coming is starving: the next segment is
+# cut at once, sized like a starter (`Session.starved`).
+STARVING_S = (0.15, 0.6)
 router = APIRouter()
 
 
@@ -66,6 +68,19 @@ async def tts_socket(websocket: WebSocket) -> None:
 @router.websocket("/v1/audio/speech/stream")
 async def compat_socket(websocket: WebSocket) -> None:
     await _gateway(websocket).serve(websocket, compat=True)
+
+
+def next_check(clock: PlaybackClock, attached: bool, idle: float, now: float, starving_s: float) -> float:
+    """How long a session's synthesiser may sleep with no segment: until the idle flush could be
+    due (at most 0.2 s), or sooner, the moment its listener starts starving (under `starving_s`
+    in hand), so the cut that starving allows is made then, not a poll or a delta later (a
+    listener of text at 5 words a second would run dry in that wait)."""
+    wait = min(idle, 0.2)
+    if attached and clock.end is not None:
+        ahead = clock.buffered(now) - starving_s
+        if ahead > 0:
+            wait = min(wait, ahead + 0.001)
+    return wait
 
 
 def session_key(websocket: WebSocket) -> str | None:
@@ -92,6 +107,7 @@ class Gateway:
         self.sessions: dict[str, Live] = {}
         self.sockets: set[WebSocket] = set()  # open sockets, with a session or not (a drain closes each)
         self._janitor: asyncio.Task[None] | None = None
+        self.starts = StartWatch(*STARVING_S)  # how long segments take to start: when a listener starves
         state.metrics.ws_sessions.set_function(lambda: len(self.sessions))
         state.metrics.ws_detached.set_function(
             lambda: sum(live.socket is None for live in list(self.sessions.values()))
@@ -509,7 +525,8 @@ class Gateway:
                 segment = s.take_segment()
                 if segment is None:
                     live.work.clear()
-                    wait = self._next_check(live, idle, time.perf_counter())
+                    attached = live.socket is not None
+                    wait = next_check(live.clock, attached, idle, time.perf_counter(), self.starts.threshold())
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(live.work.wait(), timeout=wait)
                     now = time.perf_counter()
@@ -525,24 +542,11 @@ class Gateway:
         except Exception:
             log.exception("websocket synthesis failed")
 
-    @staticmethod
-    def _next_check(live: Live, idle: float, now: float) -> float:
-        """How long the synthesiser may sleep with no segment: until the idle flush could be due
-        (at most 0.2 s), or sooner, the moment its listener starts starving, so the cut that
-        starving allows is made then, not up to a delta or a poll later (a listener at 5 words a
-        second would run dry in that wait)."""
-        wait = min(idle, 0.2)
-        if live.socket is not None and live.clock.end is not None:
-            ahead = live.clock.buffered(now) - STARVING_S
-            if ahead > 0:
-                wait = min(wait, ahead + 0.001)
-        return wait
-
-    @staticmethod
-    def _starving(live: Live, now: float) -> bool:
-        """The attached listener has heard (nearly) all the audio it was sent: less than
-        `STARVING_S` left (`Session.starved` says what that changes)."""
-        return live.socket is not None and live.clock.end is not None and live.clock.buffered(now) < STARVING_S
+    def _starving(self, live: Live, now: float) -> bool:
+        """The attached listener has heard (nearly) all the audio it was sent: less left than a
+        segment may take to start (`StartWatch`; `Session.starved` says what that changes)."""
+        attached = live.socket is not None and live.clock.end is not None
+        return attached and live.clock.buffered(now) < self.starts.threshold()
 
     async def _speak(self, live: Live, segment: Segment) -> None:
         s, engine = live.session, self.state.require_engine()
@@ -573,6 +577,7 @@ class Gateway:
                     continue
                 if stamps is None:
                     stamps = (taken, slot, chunk.t_ready, time.perf_counter())
+                    self.starts.note(stamps[-1] - taken)
                     s.audio(segment, data, encoder.samples_out - logged, stamps, chunk.marks)
                 else:
                     s.audio(segment, data, encoder.samples_out - logged)

@@ -10,6 +10,9 @@ pause between two utterances) rather than skipping. So each piece of audio ends 
 - `buffered(now)`: seconds of audio waiting at the listener, which pacing (sending no more
   than a lead ahead of playback) reads.
 
+`StartWatch` keeps how long segments take to start lately, at their worst: how much audio a
+listener must still have in hand when the next cut is made.
+
 Time is `time.perf_counter()`. A transport keeps one clock per listener (a WebSocket session,
 a bridge reply, an agent's reply) and advances it as it sends audio; `EngineStream` keeps its
 own for a stream without one.
@@ -46,3 +49,33 @@ class PlaybackClock:
     def wait_s(self, now: float, lead_s: float) -> float:
         """Pacing: how long to hold the next audio so the listener has at most `lead_s` in hand."""
         return max(0.0, self.buffered(now) - lead_s)
+
+
+class StartWatch:
+    """How long a segment takes to start (from the synthesiser taking it to its first audio)
+    lately, at its worst: a listener with less than `margin` times that in hand is starving
+    (the WebSocket gateway then cuts the next segment at once, `Session.starved`).
+
+    `high` is the largest start seen, forgotten by `decay` at each new one, so a burst of slow
+    starts (a crowd's second segments all at once on a busy GPU) raises the threshold for the
+    segments right after it and a quiet spell lowers it again. `threshold()` stays within
+    `floor` (a start on an idle machine) and `ceiling` (beyond it a listener is fed starter-sized
+    segments all the time). Why not a fixed threshold: a start takes ~10 ms on the CPU with
+    `tone` and 50-150 ms on a GPU with 128 sessions, and the cut must come that long before
+    the listener runs dry."""
+
+    __slots__ = ("ceiling", "decay", "floor", "high", "margin")
+
+    def __init__(self, floor: float, ceiling: float, margin: float = 2.0, decay: float = 0.95) -> None:
+        if not 0 < floor <= ceiling or margin < 1 or not 0 <= decay < 1:
+            raise ValueError("need 0 < floor <= ceiling, margin >= 1, 0 <= decay < 1")
+        self.floor, self.ceiling, self.margin, self.decay = floor, ceiling, margin, decay
+        self.high = 0.0
+
+    def note(self, seconds: float) -> None:
+        """A segment's start took `seconds`."""
+        self.high = max(seconds, self.high * self.decay)
+
+    def threshold(self) -> float:
+        """Seconds of audio in hand under which a listener is starving."""
+        return min(self.ceiling, max(self.floor, self.margin * self.high))
