@@ -60,7 +60,8 @@ def test_a_short_lower_case_word_before_a_number_ends_its_sentence():
     assert not abbreviation_holds("the minute it left.", "3")
     assert not abbreviation_holds("never stop for rain.", "2")
     assert abbreviation_holds("Take Blk.", "4")
-    assert abbreviation_holds("see vol.", "3")  # a known one, lower case
+    for known in ("vol", "pp", "tel", "ca", "ed", "para", "fl", "ex", "cf", "no", "approx"):  # known ones, lower case
+        assert abbreviation_holds(f"see {known}.", "3"), known
     segments = _segments("He waited and then he left. 3 more trains came by before midnight.")
     assert any(s.endswith("he left.") for s in segments), segments
 

@@ -145,6 +145,7 @@ _TITLES = frozenset(_ABBREVIATIONS.PREPOSITIVE_ABBREVIATIONS) | {
 _BEFORE_NUMBERS = frozenset(_ABBREVIATIONS.NUMBER_ABBREVIATIONS) | {
     "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec",
     "vol", "ch", "chap", "sec", "eq", "pg", "fig", "figs", "ref", "tab", "par",
+    "tel", "ca", "ed", "eds", "para", "paras", "fl", "flr", "ex", "cf", "ser", "sch",
 }  # fmt: skip
 # pysbd's list lacks some that replies use; they hold only before a lower-case word or a number.
 _KNOWN = frozenset(_ABBREVIATIONS.ABBREVIATIONS) | _BEFORE_NUMBERS | {
@@ -165,7 +166,8 @@ _WORDS = frozenset({
     "vol", "ch", "tab", "par", "va", "ga", "wy", "ia", "md", "de", "ken", "don", "cap", "pp", "p", "nos",
     "bros", "assoc", "inc", "ltd", "corp", "dept", "univ", "govt", "etc", "yrs", "hrs", "mins", "secs", "lbs", "oz",
     "lb", "pts", "wks", "mos", "yr", "wk", "tsp", "tbsp", "qty", "avg", "misc", "incl", "excl", "approx",
-    "mi", "km", "kg", "cm", "ml", "mg",
+    "mi", "km", "kg", "cm", "ml", "mg", "tel", "ca", "ed", "eds", "para", "paras", "fl", "flr", "ex", "cf", "ser",
+    "sch",
 })  # fmt: skip
 # A word gap after these leaves the phrase hanging ("I think the" | "best approach"): none there.
 _HANGING = frozenset(
