@@ -8,6 +8,7 @@ import base64
 import io
 import json
 import math
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ import websockets
 from tests.conftest import metric
 from tests.integration.wsclient import Client
 from voxgate.bench.server import ServerProcess
+from voxgate.serving.ws import STARVING_S
 
 
 @pytest.fixture(scope="module")
@@ -308,6 +310,8 @@ def test_a_client_that_stops_reading_is_warned_then_dropped_and_others_are_not_s
         asyncio.run(run())
         metrics = httpx.get(server.url + "/metrics").text
         assert 'voxgate_errors_total{code="backpressure"}' in metrics and "voxgate_ws_tasks" in metrics
+        starving = re.search(r"^voxgate_ws_starving_seconds (\S+)$", metrics, re.MULTILINE)
+        assert starving and STARVING_S[0] <= float(starving.group(1)) <= STARVING_S[1]
 
 
 def test_an_engine_failure_fails_its_segment_only(gateway):

@@ -101,6 +101,11 @@ class Metrics:
         )  # fmt: skip
         self.ws_detached = Gauge("voxgate_ws_sessions_detached", "WebSocket sessions awaiting a resume.", registry=r)
         self.ws_tasks = Gauge("voxgate_ws_tasks", "Gateway tasks alive (writers, synthesisers, janitor).", registry=r)
+        self.ws_starving = Gauge(
+            "voxgate_ws_starving_seconds",
+            "Audio in hand under which a gateway listener is starving (twice the recent worst segment start).",
+            registry=r,
+        )
 
     def watch_engine(self, counters: Callable[[], dict[str, dict[str, float]]]) -> None:
         """Export an engine's own counters (e.g. CUDA-graph replays, eager fallbacks) on scrape."""

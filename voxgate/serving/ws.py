@@ -113,6 +113,7 @@ class Gateway:
             lambda: sum(live.socket is None for live in list(self.sessions.values()))
         )
         state.metrics.ws_tasks.set_function(self.task_count)
+        state.metrics.ws_starving.set_function(self.starts.threshold)
 
     # ------------------------------------------------------------------ one socket
 
@@ -577,7 +578,7 @@ class Gateway:
                     continue
                 if stamps is None:
                     stamps = (taken, slot, chunk.t_ready, time.perf_counter())
-                    self.starts.note(stamps[-1] - taken)
+                    self.starts.note(stamps[-1] - slot)  # the server's part: not a client's wait for its own slots
                     s.audio(segment, data, encoder.samples_out - logged, stamps, chunk.marks)
                 else:
                     s.audio(segment, data, encoder.samples_out - logged)
