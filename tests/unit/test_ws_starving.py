@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from voxgate.serving.ws import STARVING_S, next_check
+from voxgate.serving.ws import STARVING_S, next_check, until_starving
 from voxgate.speech.clock import PlaybackClock, StartWatch
 
 NOW = 1000.0
@@ -53,3 +53,10 @@ def test_the_starving_threshold_follows_the_recent_worst_segment_start_within_it
     assert watch.threshold() == ceiling
     with pytest.raises(ValueError):
         StartWatch(0.0, 1.0)
+
+
+def test_until_starving_says_how_far_a_listener_is_from_the_line():
+    assert until_starving(_clock(0.5), True, NOW, THRESHOLD) == pytest.approx(0.35)
+    assert until_starving(_clock(0.1), True, NOW, THRESHOLD) < 0  # starving now
+    assert until_starving(_clock(None), True, NOW, THRESHOLD) is None  # no audio yet
+    assert until_starving(_clock(0.1), False, NOW, THRESHOLD) is None  # nobody listens

@@ -70,16 +70,23 @@ async def compat_socket(websocket: WebSocket) -> None:
     await _gateway(websocket).serve(websocket, compat=True)
 
 
+def until_starving(clock: PlaybackClock, attached: bool, now: float, starving_s: float) -> float | None:
+    """Seconds until the listener has less than `starving_s` of audio in hand (<= 0: it has
+    now); None when no listener is attached or it has had no audio yet."""
+    if not attached or clock.end is None:
+        return None
+    return clock.buffered(now) - starving_s
+
+
 def next_check(clock: PlaybackClock, attached: bool, idle: float, now: float, starving_s: float) -> float:
     """How long a session's synthesiser may sleep with no segment: until the idle flush could be
     due (at most 0.2 s), or sooner, the moment its listener starts starving (under `starving_s`
     in hand), so the cut that starving allows is made then, not a poll or a delta later (a
     listener of text at 5 words a second would run dry in that wait)."""
     wait = min(idle, 0.2)
-    if attached and clock.end is not None:
-        ahead = clock.buffered(now) - starving_s
-        if ahead > 0:
-            wait = min(wait, ahead + 0.001)
+    ahead = until_starving(clock, attached, now, starving_s)
+    if ahead is not None and ahead > 0:
+        wait = min(wait, ahead + 0.001)
     return wait
 
 
@@ -546,8 +553,8 @@ class Gateway:
     def _starving(self, live: Live, now: float) -> bool:
         """The attached listener has heard (nearly) all the audio it was sent: less left than a
         segment may take to start (`StartWatch`; `Session.starved` says what that changes)."""
-        attached = live.socket is not None and live.clock.end is not None
-        return attached and live.clock.buffered(now) < self.starts.threshold()
+        ahead = until_starving(live.clock, live.socket is not None, now, self.starts.threshold())
+        return ahead is not None and ahead < 0
 
     async def _speak(self, live: Live, segment: Segment) -> None:
         s, engine = live.session, self.state.require_engine()

@@ -52,9 +52,9 @@ class PlaybackClock:
 
 
 class StartWatch:
-    """How long a segment takes to start (from its engine call, once the client has a slot,
-    to its first audio) lately, at its worst: a listener with less than `margin` times that in hand is starving
-    (the WebSocket gateway then cuts the next segment at once, `Session.starved`).
+    """How long a segment takes to start (from its engine call, once the client has a slot, to
+    its first audio) lately, at its worst: a listener with less than `margin` times that in
+    hand is starving (the WebSocket gateway then cuts the next segment at once, `Session.starved`).
 
     `high` is the largest start seen, forgotten by `decay` at each new one, so a burst of slow
     starts (a crowd's second segments all at once on a busy GPU) raises the threshold for the
