@@ -40,11 +40,19 @@ def causal_conv(
     the new history). Channels last, the product's output is the next layer's input as it
     stands (no transposed copies) and each time step's channels are contiguous.
     """
-    span = (k - 1) * dilation
-    b, t, c_in = x.shape
     if k == 1:
         return linear(x, weight2d, bias), history
     full = torch.cat([history, x], dim=1)  # (B, span + T, Cin)
+    return unfolded_conv(full, weight2d, bias, k, dilation)
+
+
+def unfolded_conv(
+    full: torch.Tensor, weight2d: torch.Tensor, bias: torch.Tensor | None, k: int, dilation: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`causal_conv` of an input already laid after its history: full (B, span + T, Cin).
+    Returns (y: (B, T, Cout), the new history: a view of `full`'s last span steps)."""
+    span = (k - 1) * dilation
+    b, t, c_in = full.shape[0], full.shape[1] - span, full.shape[2]
     windows = full.unfold(1, span + 1, 1)[..., ::dilation]  # (B, T, Cin, k): the weight's (Cin, k) order
     return linear(windows.reshape(b, t, c_in * k), weight2d, bias), full[:, full.shape[1] - span :]
 
