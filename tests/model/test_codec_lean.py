@@ -199,3 +199,20 @@ def test_a_conv_after_its_activation_needs_no_concatenation_and_gives_the_same_v
                 got = conv.activated(x, act, direct)
             assert torch.equal(got, expected), frame
     assert Cats.n == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_direct_transposed_conv_is_the_concatenating_one_bit_for_bit(dtype):
+    """`ops.transposed_conv(direct=True)` sums each output straight into its layout, in the same
+    order as the path that concatenates the overlap first (kernel 2x and 1x the stride)."""
+    from voxgate.engines.qwen3 import ops
+
+    g = torch.Generator().manual_seed(4)
+    for k, stride in ((10, 5), (4, 4)):
+        x = torch.randn(2, 3, 6, generator=g).to(dtype)
+        weight2d = torch.randn(5 * k, 6, generator=g).to(dtype)
+        bias = torch.randn(5, generator=g).to(dtype)
+        tail = torch.randn(2, 5, k - stride, generator=g).to(dtype)
+        y, new_tail = ops.transposed_conv(x, tail, weight2d, bias, stride)
+        y_direct, tail_direct = ops.transposed_conv(x, tail, weight2d, bias, stride, direct=True)
+        assert torch.equal(y_direct, y) and torch.equal(tail_direct, new_tail), (k, stride)

@@ -87,14 +87,22 @@ def transposed_conv(
     k = weight2d.shape[0] // c_out
     y = linear(x, weight2d).reshape(b, t, c_out, k)
     head = y[..., :stride]
+    if direct:  # each sum straight into the output layout, in the same order: no concatenated copy
+        out = y.new_empty(b, t, stride, c_out)
+        laid = out.transpose(2, 3)  # (B, T, Cout, stride) view
+        if k > stride:
+            over = y[..., stride:]  # lands on the next frame's first `stride` samples
+            torch.add(head[:, :1], tail.unsqueeze(1), out=laid[:, :1])
+            torch.add(head[:, 1:], over[:, :-1], out=laid[:, 1:])
+            laid += bias[:, None]
+            tail = over[:, -1]
+        else:
+            torch.add(head, bias[:, None], out=laid)
+        return out.view(b, t * stride, c_out), tail
     if k > stride:
         over = y[..., stride:]  # lands on the next frame's first `stride` samples
         head = head + torch.cat([tail.unsqueeze(1), over[:, :-1]], dim=1)
         tail = over[:, -1]
-    if direct:
-        out = y.new_empty(b, t, stride, c_out)
-        torch.add(head, bias[:, None], out=out.transpose(2, 3))
-        return out.view(b, t * stride, c_out), tail
     return (head + bias[:, None]).transpose(2, 3).reshape(b, t * stride, c_out), tail
 
 
