@@ -164,3 +164,55 @@ def test_the_codec_runs_channels_last_so_no_activation_reads_across_a_stride(cod
             h.remove()
     assert len(seen) == 3 * sum(isinstance(m, SnakeBeta) for m in codec.modules())  # the state's first decode + 2
     assert all(contiguous and last == channels for contiguous, last, channels in seen)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_conv_after_its_activation_needs_no_concatenation_and_gives_the_same_values(fused):
+    """`CausalConv.activated`: the Snake written straight after the history (no torch.cat of
+    the activation, the largest copy at the decoder's long steps), the same values as the
+    activation then the conv, frame after frame (the history carried)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from voxgate.engines.qwen3.codec import CausalConv
+
+    torch.manual_seed(0)
+    act, conv = SnakeBeta(6), CausalConv(6, 5, 7, 3)
+    with torch.no_grad():
+        act.alpha.normal_(), act.beta.normal_()
+    if fused:
+        pytest.importorskip("triton")  # its interpreter on a CPU (tests/conftest.py)
+    act.fused = fused
+
+    class Cats(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Cats.n += func is torch.ops.aten.cat.default
+            return func(*args, **(kwargs or {}))
+
+    plain, direct = DecoderState(), DecoderState()
+    with torch.no_grad():
+        for frame in range(3):
+            x = torch.randn(2, 4 * (frame + 1), 6)  # rows a multiple of 8: the CPU product pads no rows
+            expected = conv(act(x), plain)
+            with Cats():
+                got = conv.activated(x, act, direct)
+            assert torch.equal(got, expected), frame
+    assert Cats.n == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_direct_transposed_conv_is_the_concatenating_one_bit_for_bit(dtype):
+    """`ops.transposed_conv(direct=True)` sums each output straight into its layout, in the same
+    order as the path that concatenates the overlap first (kernel 2x and 1x the stride)."""
+    from voxgate.engines.qwen3 import ops
+
+    g = torch.Generator().manual_seed(4)
+    for k, stride in ((10, 5), (4, 4)):
+        x = torch.randn(2, 3, 6, generator=g).to(dtype)
+        weight2d = torch.randn(5 * k, 6, generator=g).to(dtype)
+        bias = torch.randn(5, generator=g).to(dtype)
+        tail = torch.randn(2, 5, k - stride, generator=g).to(dtype)
+        y, new_tail = ops.transposed_conv(x, tail, weight2d, bias, stride)
+        y_direct, tail_direct = ops.transposed_conv(x, tail, weight2d, bias, stride, direct=True)
+        assert torch.equal(y_direct, y) and torch.equal(tail_direct, new_tail), (k, stride)

@@ -57,6 +57,16 @@ def test_qk_norm_rope_store_writes_each_rows_keys_at_its_position(start):
     assert not k_cache[0].any() and not k_cache[2].any() and not k_cache[1, 0, :, ~written].any()
 
 
+def test_snake_writes_into_a_strided_buffer_tail_and_nowhere_else():
+    x, alpha, inv_beta = _randn(3, 10, 7), _randn(7, seed=1).abs() + 0.5, _randn(7, seed=2).abs() + 0.5
+    buffer = torch.full((3, 14, 7), 5.0, device=DEVICE)
+    kernels.snake_beta(x, alpha, inv_beta, out=buffer[:, 4:])
+    assert torch.equal(buffer[:, 4:], kernels.snake_beta(x, alpha, inv_beta))
+    assert (buffer[:, :4] == 5.0).all()
+    with pytest.raises(ValueError):
+        kernels.snake_beta(x, alpha, inv_beta, out=buffer[:, 3:])
+
+
 def test_silu_mul_and_snake_match_their_pytorch_forms():
     gate_up = _randn(2, 3, 80)
     torch.testing.assert_close(kernels.silu_mul(gate_up), F.silu(gate_up[..., :40]) * gate_up[..., 40:])

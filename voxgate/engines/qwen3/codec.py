@@ -213,6 +213,26 @@ class CausalConv(_Stateful):
         state.put(self.key, new_history)
         return y
 
+    def activated(self, x: torch.Tensor, act: SnakeBeta, state: DecoderState) -> torch.Tensor:
+        """`self(act(x), state)` with the activation written straight after the history in one
+        buffer (the same values; no concatenation of the activation, the largest copy of a
+        conv at the decoder's long steps)."""
+        span = (self.kernel - 1) * self.dilation
+        if span == 0:
+            return self(act(x), state)
+        b, t, c = x.shape
+        full = x.new_empty(b, span + t, c)
+        history = state.tensors.get(self.key)
+        if history is None:
+            full[:, :span].zero_()
+        else:
+            full[:, :span].copy_(history)
+        act(x, out=full[:, span:])
+        (weight2d,) = self.derived()
+        y, new_history = ops.unfolded_conv(full, weight2d, self.conv.bias, self.kernel, self.dilation)
+        state.put(self.key, new_history)
+        return y
+
 
 class CausalTransConv(_Stateful):
     def __init__(self, c_in: int, c_out: int, kernel: int, stride: int) -> None:
@@ -246,10 +266,14 @@ class SnakeBeta(_Derived):
     def derive(self) -> tuple[torch.Tensor, ...]:
         return torch.exp(self.alpha), 1.0 / (torch.exp(self.beta) + 1e-9)
 
-    def forward(self, x: torch.Tensor, state: DecoderState | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, state: DecoderState | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The activation; into `out` (x's shape) when given."""
         if self.fused:
-            return kernels.snake_beta(x, *self.derived())
-        return ops.snake_beta(x, *self.derived())
+            return kernels.snake_beta(x, *self.derived(), out=out)
+        y = ops.snake_beta(x, *self.derived())
+        return y if out is None else out.copy_(y)
 
 
 class DepthwiseConv(_Stateful):
@@ -297,7 +321,7 @@ class ResidualUnit(nn.Module):
         self.conv2 = CausalConv(dim, dim, 1)
 
     def forward(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
-        h = self.conv1(self.act1(x), state)
+        h = self.conv1.activated(x, self.act1, state)
         return self.conv2(self.act2(h), state) + x
 
 
@@ -628,7 +652,9 @@ class CodecDecoder(nn.Module):
         h = self.pre_transformer(self.pre_conv(h, state), state)
         for trans, convnext in self.upsample:
             h = convnext(trans(h, state), state)
-        for layer in self.decoder:
+        *body, act, last = self.decoder
+        for layer in body:
             h = layer(h, state)
+        h = last.activated(h, act, state)
         state.advance(codes.shape[-1])
         return h[..., 0].clamp(-1.0, 1.0)

@@ -106,14 +106,17 @@ if triton is not None:
         tl.store(out_ptr + row * n + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _snake_beta_kernel(x_ptr, alpha_ptr, inv_beta_ptr, out_ptr, n, C, BLOCK: tl.constexpr):
+    def _snake_beta_kernel(
+        x_ptr, alpha_ptr, inv_beta_ptr, out_ptr, n, C, row, s_out, BLOCK: tl.constexpr
+    ):  # fmt: skip
         at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # flat index into (..., C)
         mask = at < n
         c = at % C
         x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
         s = tl.sin(x * tl.load(alpha_ptr + c, mask=mask, other=0.0).to(tl.float32))
         y = x + tl.load(inv_beta_ptr + c, mask=mask, other=0.0).to(tl.float32) * s * s
-        tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=mask)
+        dest = (at // row) * s_out + at % row  # `out`'s leading rows may be strided (a view into a larger buffer)
+        tl.store(out_ptr + dest, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def add_rms_norm(
@@ -179,12 +182,21 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def snake_beta(x: torch.Tensor, alpha_exp: torch.Tensor, inv_beta: torch.Tensor) -> torch.Tensor:
-    """x + inv_beta * sin(alpha_exp * x)^2 per channel, x (..., C) channels last -> contiguous."""
+def snake_beta(
+    x: torch.Tensor, alpha_exp: torch.Tensor, inv_beta: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x + inv_beta * sin(alpha_exp * x)^2 per channel, x (B, ..., C) channels last -> contiguous,
+    or written into `out` (x's shape; contiguous but for its first dim's stride: e.g. the tail of
+    a conv's [history | input] buffer, so the conv needs no concatenation)."""
     x = x.contiguous()
-    out = torch.empty_like(x)
+    row = x[0].numel() if x.dim() > 1 else x.numel()
+    if out is None:
+        out = torch.empty_like(x)
+    elif out.shape != x.shape or (x.dim() > 1 and not out[0].is_contiguous()):
+        raise ValueError("snake_beta: `out` must have x's shape, each leading row contiguous")
+    s_out = out.stride(0) if x.dim() > 1 else row
     block = 1024
     _snake_beta_kernel[(triton.cdiv(x.numel(), block),)](
-        x, alpha_exp, inv_beta, out, x.numel(), x.shape[-1], BLOCK=block, num_warps=4
+        x, alpha_exp, inv_beta, out, x.numel(), x.shape[-1], row, s_out, BLOCK=block, num_warps=4
     )
     return out

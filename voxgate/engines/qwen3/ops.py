@@ -40,11 +40,19 @@ def causal_conv(
     the new history). Channels last, the product's output is the next layer's input as it
     stands (no transposed copies) and each time step's channels are contiguous.
     """
-    span = (k - 1) * dilation
-    b, t, c_in = x.shape
     if k == 1:
         return linear(x, weight2d, bias), history
     full = torch.cat([history, x], dim=1)  # (B, span + T, Cin)
+    return unfolded_conv(full, weight2d, bias, k, dilation)
+
+
+def unfolded_conv(
+    full: torch.Tensor, weight2d: torch.Tensor, bias: torch.Tensor | None, k: int, dilation: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`causal_conv` of an input already laid after its history: full (B, span + T, Cin).
+    Returns (y: (B, T, Cout), the new history: a view of `full`'s last span steps)."""
+    span = (k - 1) * dilation
+    b, t, c_in = full.shape[0], full.shape[1] - span, full.shape[2]
     windows = full.unfold(1, span + 1, 1)[..., ::dilation]  # (B, T, Cin, k): the weight's (Cin, k) order
     return linear(windows.reshape(b, t, c_in * k), weight2d, bias), full[:, full.shape[1] - span :]
 
@@ -79,14 +87,22 @@ def transposed_conv(
     k = weight2d.shape[0] // c_out
     y = linear(x, weight2d).reshape(b, t, c_out, k)
     head = y[..., :stride]
+    if direct:  # each sum straight into the output layout, in the same order: no concatenated copy
+        out = y.new_empty(b, t, stride, c_out)
+        laid = out.transpose(2, 3)  # (B, T, Cout, stride) view
+        if k > stride:
+            over = y[..., stride:]  # lands on the next frame's first `stride` samples
+            torch.add(head[:, :1], tail.unsqueeze(1), out=laid[:, :1])
+            torch.add(head[:, 1:], over[:, :-1], out=laid[:, 1:])
+            laid += bias[:, None]
+            tail = over[:, -1]
+        else:
+            torch.add(head, bias[:, None], out=laid)
+        return out.view(b, t * stride, c_out), tail
     if k > stride:
         over = y[..., stride:]  # lands on the next frame's first `stride` samples
         head = head + torch.cat([tail.unsqueeze(1), over[:, :-1]], dim=1)
         tail = over[:, -1]
-    if direct:
-        out = y.new_empty(b, t, stride, c_out)
-        torch.add(head, bias[:, None], out=out.transpose(2, 3))
-        return out.view(b, t * stride, c_out), tail
     return (head + bias[:, None]).transpose(2, 3).reshape(b, t * stride, c_out), tail
 
 
