@@ -181,7 +181,7 @@ def test_a_conv_after_its_activation_needs_no_concatenation_and_gives_the_same_v
         act.alpha.normal_(), act.beta.normal_()
     if fused:
         pytest.importorskip("triton")  # its interpreter on a CPU (tests/conftest.py)
-    act.fused = fused
+    act.fused = conv.fused = fused  # 6 channels: the unfolded product even when fused
 
     class Cats(TorchDispatchMode):
         n = 0
@@ -199,6 +199,28 @@ def test_a_conv_after_its_activation_needs_no_concatenation_and_gives_the_same_v
                 got = conv.activated(x, act, direct)
             assert torch.equal(got, expected), frame
     assert Cats.n == 0
+
+
+def test_a_fused_conv_after_its_activation_streams_what_the_unfolded_one_gives():
+    """`CausalConv.fused`: the conv as one implicit product over the [history | input] buffer
+    (`kernels.conv_taps`, Triton's interpreter on a CPU) gives the unfolded product's values up
+    to the order of the sum, frame after frame, and keeps the same history."""
+    pytest.importorskip("triton")
+    from voxgate.engines.qwen3.codec import CausalConv
+
+    torch.manual_seed(0)
+    act, conv = SnakeBeta(16), CausalConv(16, 5, 7, 3)
+    with torch.no_grad():
+        act.alpha.normal_(), act.beta.normal_()
+    fused = copy.deepcopy(conv)
+    fused.fused = True
+    plain, direct = DecoderState(), DecoderState()
+    with torch.no_grad():
+        for frame in range(3):
+            x = torch.randn(2, 4 * (frame + 1), 16)
+            expected = conv.activated(x, act, plain)
+            torch.testing.assert_close(fused.activated(x, act, direct), expected, rtol=1e-5, atol=1e-5)
+            assert torch.equal(direct.tensors[conv.key], plain.tensors[conv.key]), frame
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

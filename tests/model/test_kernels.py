@@ -67,6 +67,37 @@ def test_snake_writes_into_a_strided_buffer_tail_and_nowhere_else():
         kernels.snake_beta(x, alpha, inv_beta, out=buffer[:, 3:])
 
 
+@pytest.mark.parametrize(
+    ("rows", "steps", "c_in", "c_out", "taps", "dilation", "tiles"),
+    [
+        (3, 1, 32, 1, 7, 1, None),  # one step a row, one output channel (the codec's last conv)
+        (2, 37, 48, 20, 7, 3, (32, 16, 16, 4, 1)),  # row blocks across rows, channel blocks, masked columns
+        (1, 9, 16, 16, 3, 9, None),  # history longer than the input
+        (2, 5, 32, 8, 1, 1, None),  # one tap: a plain product
+    ],
+)
+def test_conv_taps_is_the_unfolded_conv(rows, steps, c_in, c_out, taps, dilation, tiles):
+    span = (taps - 1) * dilation
+    full = _randn(rows, span + steps, c_in)
+    weight = _randn(c_out, c_in, taps, seed=1)
+    bias = _randn(c_out, seed=2)
+    expected, _ = ops.unfolded_conv(full, weight.reshape(c_out, -1), bias, taps, dilation)
+    taps_form = weight.permute(2, 1, 0).reshape(-1, c_out).contiguous()
+    got = kernels.conv_taps(full, taps_form, bias, taps, dilation, tiles)
+    assert got.shape == (rows, steps, c_out)
+    torch.testing.assert_close(
+        got, expected, rtol=1e-5, atol=1e-4
+    )  # another order: fp32 rounding of <= 336-term sums ~20 in size
+    torch.testing.assert_close(
+        kernels.conv_taps(full, taps_form, None, taps, dilation, tiles), expected - bias, rtol=1e-5, atol=1e-4
+    )
+
+
+def test_conv_taps_refuses_a_weight_of_another_shape():
+    with pytest.raises(ValueError):
+        kernels.conv_taps(_randn(1, 10, 32), _randn(7 * 16, 4), None, 7, 1)
+
+
 def test_silu_mul_and_snake_match_their_pytorch_forms():
     gate_up = _randn(2, 3, 80)
     torch.testing.assert_close(kernels.silu_mul(gate_up), F.silu(gate_up[..., :40]) * gate_up[..., 40:])

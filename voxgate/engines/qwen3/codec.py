@@ -201,14 +201,20 @@ class CausalConv(_Stateful):
         self.conv = nn.Conv1d(c_in, c_out, kernel, dilation=dilation)
         self.kernel, self.dilation = kernel, dilation
 
+    fused = False  # set by CodecDecoder.fuse(): `activated` as one Triton product (kernels.conv_taps)
+
     def derive(self) -> tuple[torch.Tensor, ...]:
-        return (self.conv.weight.reshape(self.conv.out_channels, -1),)
+        weight2d = self.conv.weight.reshape(self.conv.out_channels, -1)
+        if not self.fused:
+            return (weight2d,)
+        taps = self.conv.weight.permute(2, 1, 0).reshape(-1, self.conv.out_channels)  # row j * Cin + c
+        return weight2d, taps.contiguous()
 
     def forward(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
         history = state.tensors.get(self.key)
         if history is None:
             history = x.new_zeros(x.shape[0], (self.kernel - 1) * self.dilation, x.shape[2])
-        (weight2d,) = self.derived()
+        weight2d = self.derived()[0]
         y, new_history = ops.causal_conv(x, history, weight2d, self.conv.bias, self.kernel, self.dilation)
         state.put(self.key, new_history)
         return y
@@ -228,8 +234,11 @@ class CausalConv(_Stateful):
         else:
             full[:, :span].copy_(history)
         act(x, out=full[:, span:])
-        (weight2d,) = self.derived()
-        y, new_history = ops.unfolded_conv(full, weight2d, self.conv.bias, self.kernel, self.dilation)
+        if self.fused and c % 16 == 0:  # the product's channel blocks (every conv of the real codecs)
+            y = kernels.conv_taps(full, self.derived()[1], self.conv.bias, self.kernel, self.dilation)
+            state.put(self.key, full[:, full.shape[1] - span :])
+            return y
+        y, new_history = ops.unfolded_conv(full, self.derived()[0], self.conv.bias, self.kernel, self.dilation)
         state.put(self.key, new_history)
         return y
 
@@ -613,13 +622,16 @@ class CodecDecoder(nn.Module):
                 module.key = name
 
     def fuse(self, kernels: bool = False) -> None:
-        """The GPU fast path: each Snake activation as one Triton kernel (`kernels`). (cuDNN's
-        convolutions instead of unfold + product were slower here, 8.8 vs 6.7 ms per 64-row
-        frame on an H200, and their algorithm changes with the length: streamed drifted from
-        offline to 42 dB SNR.)"""
+        """The GPU fast path (`kernels`): each Snake activation as one Triton kernel, and each
+        conv that follows one (`CausalConv.activated`) as one implicit product over its
+        [history | input] buffer. (cuDNN's convolutions instead of unfold + product were slower
+        here, 8.8 vs 6.7 ms per 64-row frame on an H200, and their algorithm changes with the
+        length: streamed drifted from offline to 42 dB SNR.)"""
         for module in self.modules():
-            if isinstance(module, SnakeBeta):
+            if isinstance(module, (SnakeBeta, CausalConv)):
                 module.fused = kernels
+            if isinstance(module, CausalConv):
+                module._derived = None
 
     def set_lean(self, on: bool = True) -> None:
         """The lean path: the same values in fewer operations (kernels on a GPU), ~1/3 fewer
