@@ -4,7 +4,7 @@ the [history | input] buffer (`kernels.conv_taps`) against the unfolded product 
 Every `CausalConv` of the codec decoder built from a real `speech_tokenizer/config.json` (random
 weights, bf16) that `CausalConv.activated` runs, at its per-frame input shape, at each of
 `--rows`: each path's median time over `--repeats` calls (CUDA events), the largest difference
-between them, and with `--sweep` every tile set of SWEEP (once per layer shape, at 64+ rows) with the best.
+between them, and with `--sweep` every tile set of SWEEP (once per layer shape and rows) with the best.
 Progress is printed as it goes; `--output-json` keeps it.
 
     python bench/qwen3_conv_taps.py --config-root .gpu/qwen3-tts --rows 1,128 --sweep --output-json $OUT/taps.json
@@ -113,13 +113,10 @@ def main() -> None:
     with torch.inference_mode():
         for rows in (int(r) for r in args.rows.split(",")):
             for key, (conv, steps) in shapes.items():
-                shape = (steps, conv.conv.in_channels, conv.conv.out_channels, conv.kernel, conv.dilation)
-                row = {
-                    "rows": rows,
-                    "conv": key,
-                    **_measure(conv, rows, steps, args.repeats, args.sweep and shape not in swept),
-                }
+                shape = (rows, steps, conv.conv.in_channels, conv.conv.out_channels)  # the dilation: same tiles
+                sweep = args.sweep and shape not in swept
                 swept.add(shape)
+                row = {"rows": rows, "conv": key, **_measure(conv, rows, steps, args.repeats, sweep)}
                 out.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "swept"}), flush=True)
     for rows in sorted({r["rows"] for r in out}):
