@@ -24,7 +24,8 @@ from voxgate.engines.qwen3 import kernels, ops
 from voxgate.engines.qwen3.checkpoint import default_config_root, randomise
 from voxgate.engines.qwen3.codec import CausalConv, CodecDecoder, CodecDecoderConfig, DecoderState
 
-SWEEP = [(bm, bn, bk, w, s) for bm in (64, 128) for bn in (64, 128) for bk in (32, 64) for w in (4, 8) for s in (3, 4)]
+TILE_SIZES = [(bm, bn, bk) for bm in (64, 128, 256) for bn in (64, 128) for bk in (32, 64)]
+SWEEP = [(*size, w, s) for size in TILE_SIZES for w in (4, 8) for s in (3, 4)]
 
 
 def _timed(fn, repeats: int) -> float:
@@ -119,14 +120,14 @@ def main() -> None:
                 row = {"rows": rows, "conv": key, **_measure(conv, rows, steps, args.repeats, sweep)}
                 out.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "swept"}), flush=True)
+                if args.output_json:  # as it goes: a run cut short keeps what it measured
+                    args.output_json.write_text(json.dumps({"model": args.model, "convs": out}, indent=1))
     for rows in sorted({r["rows"] for r in out}):
         mine = [r for r in out if r["rows"] == rows]
         best = sum(r["best_tiles"][1] for r in mine if r["best_tiles"]) if all(r["best_tiles"] for r in mine) else None
         print(f"rows {rows}: unfolded {sum(r['unfolded_ms'] for r in mine):.3f} ms, conv_taps "
               f"{sum(r['taps_ms'] for r in mine):.3f} ms" + (f" (best tiles: {best:.3f} ms)" if best else "")
               + f" over {len(mine)} convs", flush=True)  # fmt: skip
-    if args.output_json:
-        args.output_json.write_text(json.dumps({"model": args.model, "convs": out}, indent=1))
 
 
 if __name__ == "__main__":
