@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from voxgate.engines.qwen3 import ops
 from voxgate.engines.qwen3.batch import BatchDecoder
+from voxgate.engines.qwen3.codec import DecoderState
 from voxgate.engines.qwen3.config import SamplingParams
 from voxgate.engines.qwen3.generate import generate_codes
 from voxgate.engines.qwen3.prompt import PromptBuilder
@@ -91,6 +92,31 @@ def test_conv_taps_is_the_unfolded_conv(rows, steps, c_in, c_out, taps, dilation
     torch.testing.assert_close(
         kernels.conv_taps(full, taps_form, None, taps, dilation, tiles), expected - bias, rtol=1e-5, atol=1e-4
     )
+
+
+def test_window_step_attends_like_window_attention_and_shifts_the_moving_rows_windows():
+    """Rows at a stream's start (empty slots masked), mid-window and past it; two query heads a
+    kv head; a held row keeps its window."""
+    from voxgate.engines.qwen3.codec import valid_slots
+
+    heads, kv, window, d = 4, 2, 9, 16
+    qkv = _randn(3, heads + 2 * kv, 1, d)
+    past = _randn(3, 2 * kv, window - 1, d, seed=1)
+    position = torch.tensor([0, 3, 20], device=DEVICE)
+    moving = torch.tensor([True, False, True], device=DEVICE)
+    before = past.clone()
+    got = kernels.window_step(qkv, past, position, moving, heads, 0.25)
+    cache = torch.cat([before, qkv[:, heads:]], dim=2)
+    state = DecoderState(tensors={}, position_t=position)
+    blocked = ops.blocked_slots(valid_slots(state, window, 1, position.device), window)
+    keys = cache[:, :kv].repeat_interleave(heads // kv, dim=1)
+    values = cache[:, kv:].repeat_interleave(heads // kv, dim=1)
+    expected = ops.window_attention(qkv[:, :heads], keys, values, None, window, 0.25, blocked=blocked)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(past[moving], cache[moving][:, :, 1:])
+    assert torch.equal(past[1], before[1])
+    with pytest.raises(ValueError):
+        kernels.window_step(torch.cat([qkv, qkv], dim=2), past, position, None, heads, 0.25)
 
 
 def test_conv_taps_refuses_a_weight_of_another_shape():

@@ -360,6 +360,8 @@ class _Scale(nn.Module):
 
 
 class _Attention(_Stateful):
+    fused = False  # set by CodecDecoder.fuse(): a static state's one-frame step as kernels.window_step
+
     def __init__(self, cfg: CodecDecoderConfig) -> None:
         super().__init__()
         heads, kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -419,6 +421,10 @@ class _Attention(_Stateful):
         both = ops.linear(x, weight).view(b, t, 2, h + 2 * kv, self.head_dim)
         qkv = both[:, :, 0].transpose(1, 2) * cos + both[:, :, 1].transpose(1, 2) * sin  # apply_rope's sum
         past = state.tensors.get(self.key)
+        if self.fused and t == 1 and state.position_t is not None and past is not None:  # a static state's frame
+            scale = self.head_dim**-0.5 / self._folded_scale()
+            out = kernels.window_step(qkv, past, state.position_t, state.moving, h, scale)
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, h * self.head_dim))
         if past is None:  # window-1 empty slots before the first frame
             past = qkv.new_zeros(b, 2 * kv, self.window - 1, self.head_dim)
         cache = torch.cat([past, qkv[:, h:]], dim=2)
@@ -624,11 +630,12 @@ class CodecDecoder(nn.Module):
     def fuse(self, kernels: bool = False) -> None:
         """The GPU fast path (`kernels`): each Snake activation as one Triton kernel, and each
         conv that follows one (`CausalConv.activated`) as one implicit product over its
-        [history | input] buffer. (cuDNN's convolutions instead of unfold + product were slower
+        [history | input] buffer, and the lean pre-transformer's attention for one frame of a
+        static state as one kernel shifting its window in place. (cuDNN's convolutions instead of unfold + product were slower
         here, 8.8 vs 6.7 ms per 64-row frame on an H200, and their algorithm changes with the
         length: streamed drifted from offline to 42 dB SNR.)"""
         for module in self.modules():
-            if isinstance(module, (SnakeBeta, CausalConv)):
+            if isinstance(module, (SnakeBeta, CausalConv, _Attention)):
                 module.fused = kernels
             if isinstance(module, CausalConv):
                 module._derived = None

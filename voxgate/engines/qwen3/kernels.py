@@ -11,7 +11,10 @@ fold them together; each computes in float32 and rounds once on store:
 - `snake_beta`: the codec's x + 1/beta sin^2(alpha x) (was: five kernels, four of them
   broadcasting, which PyTorch runs unvectorized);
 - `conv_taps`: a causal conv over its [history | input] buffer as one implicit product (was:
-  an unfolded copy of the input k times over, then the product).
+  an unfolded copy of the input k times over, then the product);
+- `window_step`: the codec pre-transformer's sliding-window attention for one new frame, its
+  window shifted in place (was: a concatenation, a state write, unfolds and elementwise
+  products over the whole window).
 
 `available()` says whether they can run (Triton importable, tensors on CUDA); callers keep
 their PyTorch path otherwise (the CPU, always: it follows the reference's op order).
@@ -147,6 +150,44 @@ if triton is not None:
         at = rm[:, None] * COUT + rn[None, :]
         tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
+    @triton.jit
+    def _window_step_kernel(
+        qkv_ptr, s_qb, s_qh, past_ptr, s_pb, s_ph, pos_ptr, s_pos, moving_ptr, out_ptr, scale,
+        H: tl.constexpr, KV: tl.constexpr, W: tl.constexpr, D: tl.constexpr, BLOCK_W: tl.constexpr,
+        HAS_MOVING: tl.constexpr,
+    ):  # fmt: skip
+        b = tl.program_id(0).to(tl.int64)
+        g = tl.program_id(1)  # the kv head; its H // KV query heads share it
+        slots = tl.arange(0, BLOCK_W)  # 0 .. W-2: the past frames, oldest first; W-1: the new one
+        d = tl.arange(0, D)
+        past = slots[:, None] < W - 1
+        new = slots[:, None] == W - 1
+        k_at = past_ptr + b * s_pb + g * s_ph + slots[:, None] * D + d[None, :]
+        v_at = k_at + KV * s_ph
+        k = tl.load(k_at, mask=past, other=0.0)
+        v = tl.load(v_at, mask=past, other=0.0)
+        k_new = tl.load(qkv_ptr + b * s_qb + (H + g) * s_qh + d)
+        v_new = tl.load(qkv_ptr + b * s_qb + (H + KV + g) * s_qh + d)
+        k = tl.where(new, k_new[None, :], k)
+        v = tl.where(new, v_new[None, :], v)
+        position = tl.load(pos_ptr + b * s_pos)  # the new frame's; slots before the stream's start are empty
+        visible = (slots < W) & (slots + position - (W - 1) >= 0)
+        for i in tl.static_range(H // KV):
+            head = g * (H // KV) + i
+            q = tl.load(qkv_ptr + b * s_qb + head * s_qh + d).to(tl.float32)
+            scores = tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale
+            scores = tl.where(visible, scores, float("-inf"))
+            p = tl.exp(scores - tl.max(scores, axis=0))
+            p = p / tl.sum(p, axis=0)
+            out = tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+            tl.store(out_ptr + (b * H + head) * D + d, out.to(out_ptr.dtype.element_ty))
+        keep = (slots[:, None] >= 1) & (slots[:, None] < W)  # the next frame's window: slots 1 .. W-1 to 0 .. W-2
+        if HAS_MOVING:  # a held row keeps its window
+            keep = keep & (tl.load(moving_ptr + b) != 0)
+        tl.debug_barrier()  # every thread has read the window before any writes it shifted
+        tl.store(k_at - D, k, mask=keep)
+        tl.store(v_at - D, v, mask=keep)
+
 
 def add_rms_norm(
     x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -267,5 +308,35 @@ def conv_taps(
         full, weight_taps, bias if bias is not None else full, out, m, t, length, dilation, CIN=c_in, COUT=c_out,
         TAPS=taps, HAS_BIAS=bias is not None, IEEE=full.dtype == torch.float32, BM=bm, BN=bn, BK=bk,
         num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return out
+
+
+def window_step(
+    qkv: torch.Tensor, past: torch.Tensor, position: torch.Tensor, moving: torch.Tensor | None, heads: int,
+    scale: float,
+) -> torch.Tensor:  # fmt: skip
+    """One new frame of sliding-window attention, the window kept in `past` shifted in place.
+    qkv (B, H + 2 KV, 1, D): the frame's queries, keys and values (after RoPE); past (B, 2 KV,
+    W - 1, D) contiguous: the W - 1 frames before it, keys then values, oldest first; position
+    (B,) or (): the new frame's position (slots before the stream's start are masked);
+    moving (B,) bool or None: rows whose window moves on (a held row keeps it). Each query
+    head attends to the W slots [past | new] of its kv head, float32 inside. -> (B, H, 1, D).
+    Afterwards `past` holds the last W - 1 of those slots (of moving rows). The same sum as
+    `ops.window_attention`'s in float32 rather than in the activations' type."""
+    b, n_heads, t, d = qkv.shape
+    kv = (n_heads - heads) // 2
+    if t != 1 or past.shape[:2] != (b, 2 * kv) or past.shape[3] != d or not past.is_contiguous():
+        raise ValueError("window_step: one frame, and a contiguous (B, 2 KV, W - 1, D) window")
+    if qkv.stride(3) != 1:
+        qkv = qkv.contiguous()
+    window = past.shape[2] + 1
+    out = qkv.new_empty(b, heads, 1, d)
+    position = position.reshape(-1)
+    _window_step_kernel[(b, kv)](
+        qkv, qkv.stride(0), qkv.stride(1), past, past.stride(0), past.stride(1), position,
+        0 if position.numel() == 1 else position.stride(0), moving if moving is not None else position, out, scale,
+        H=heads, KV=kv, W=window, D=d, BLOCK_W=triton.next_power_of_2(window), HAS_MOVING=moving is not None,
+        num_warps=4,
     )  # fmt: skip
     return out
