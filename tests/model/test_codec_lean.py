@@ -85,6 +85,21 @@ def test_the_lean_codec_gives_the_default_pcm_for_multi_frame_packets(codecs):
             start += n
 
 
+def test_the_fused_codec_gives_the_default_pcm_frame_by_frame_with_held_rows(codecs):
+    """`CodecDecoder.fuse(kernels=True)` (the GPU's path: Snake and conv kernels, in Triton's
+    interpreter here) through a batched static state with held rows: the default PCM up to
+    fp32 sums in another order (the tiny codec's channels, 512 down to 32, all take the kernels)."""
+    pytest.importorskip("triton")
+    default = codecs[1]
+    fused = copy.deepcopy(default)
+    fused.fuse(kernels=True)
+    codes = _codes(2, 3, seed=7)
+    held = {1: 1}
+    expected = _batched_pcm(default, codes, held)
+    assert expected.abs().max() > 1e-3
+    torch.testing.assert_close(_batched_pcm(fused, codes, held), expected, atol=1e-4, rtol=0)
+
+
 def test_the_folded_attention_scale_is_exact_at_head_dim_64():
     """head_dim 64 (the real codecs'): the lean path folds 1/8 into q's projection."""
     cfg = CodecDecoderConfig.from_dict(
