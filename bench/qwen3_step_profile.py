@@ -17,7 +17,11 @@
     PYTHONPATH=<tree> python bench/qwen3_step_profile.py --model-dir CKPT --rows 64 --parts 1,64 \
         --output-json $OUT/step-profile.json
 
-Idle rows compute like moving ones (fixed shapes), so the figures are a full bucket's.
+Idle rows compute like moving ones (fixed shapes), so the figures are a full bucket's. Where
+the rows stand in the talker's cache (`--positions`) matters to an attention that reads each row
+only up to its own position: `end` (default) puts every row at the attention length's last slot
+(the bucket's worst case), `spread` spreads them evenly from the first slot to the last (streams
+at every point of their lives), `start` leaves them at 0.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ def main() -> None:
     parser.add_argument("--parts", default="1,64", help="buckets to break down by part (default 1,64)")
     parser.add_argument("--device", default="cuda", help="cuda; cpu only checks the script (CPU ops, no graphs)")
     add_codec_lean_argument(parser)
+    parser.add_argument("--positions", choices=("end", "spread", "start"), default="end",
+                        help="where the rows stand in the talker's cache (see above)")  # fmt: skip
     parser.add_argument("--label", default="")
     parser.add_argument("--output-json", type=Path, default=None)
     args = parser.parse_args()
@@ -75,16 +81,26 @@ def profile_step(args: argparse.Namespace) -> dict[str, Any]:
     with torch.inference_mode():  # as at start-up, where the buffers are made
         decoder = BatchDecoder(ck.talker, ck.codec, slots=args.rows, capacity=2048, sampling=sampling)
         start_s = time.perf_counter() - t0
-        costs = decoder.profile(args.repeats) if cuda else {}
         length = decoder.lengths[min(1, len(decoder.lengths) - 1)]  # as `profile`: 512 positions
+        place_rows(decoder.position, length, args.positions)
+        costs = decoder.profile(args.repeats) if cuda else {}
         buckets = [b for b in (int(x) for x in args.parts.split(",") if x) if b in decoder.buckets]
         parts = {str(b): breakdown(decoder, b, length, cuda, args.repeats) for b in buckets}
     return {
         "label": args.label, "rows": args.rows, "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__, "model": ck.model_dir.name, "attention_length": length,
+        "positions": args.positions,
         "fused_kernels": ck.talker.model.kernels, "fused_sampler": decoder.fused_sampler, "codec_lean": args.codec_lean,
         "start_s": round(start_s, 1), "step_ms": {b: round(c * 1e3, 3) for b, c in costs.items()}, "parts": parts,
     }  # fmt: skip
+
+
+def place_rows(position: torch.Tensor, length: int, how: str) -> None:
+    """The rows' talker positions for the measurement (idle rows do not move: they stay there)."""
+    if how == "end":
+        position.fill_(length - 1)
+    elif how == "spread":
+        position.copy_(torch.linspace(0, length - 1, len(position)).round().to(position.dtype))
 
 
 def part_calls(decoder: Any, b: int, length: int) -> dict[str, Callable[[], Any]]:
