@@ -631,9 +631,9 @@ class CodecDecoder(nn.Module):
         """The GPU fast path (`kernels`): each Snake activation as one Triton kernel, and each
         conv that follows one (`CausalConv.activated`) as one implicit product over its
         [history | input] buffer, and the lean pre-transformer's attention for one frame of a
-        static state as one kernel shifting its window in place. (cuDNN's convolutions instead of unfold + product were slower
-        here, 8.8 vs 6.7 ms per 64-row frame on an H200, and their algorithm changes with the
-        length: streamed drifted from offline to 42 dB SNR.)"""
+        static state as one kernel shifting its window in place. (cuDNN's convolutions instead
+        of unfold + product were slower here, 8.8 vs 6.7 ms per 64-row frame on an H200, and
+        their algorithm changes with the length: streamed drifted from offline to 42 dB SNR.)"""
         for module in self.modules():
             if isinstance(module, (SnakeBeta, CausalConv, _Attention)):
                 module.fused = kernels
