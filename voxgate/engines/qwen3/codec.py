@@ -222,7 +222,8 @@ class CausalConv(_Stateful):
     def activated(self, x: torch.Tensor, act: SnakeBeta, state: DecoderState) -> torch.Tensor:
         """`self(act(x), state)` with the activation written straight after the history in one
         buffer (the same values; no concatenation of the activation, the largest copy of a
-        conv at the decoder's long steps)."""
+        conv at the decoder's long steps). `fused`: the conv as `kernels.conv_taps` over that
+        buffer (the same sum in another order: values within rounding)."""
         span = (self.kernel - 1) * self.dilation
         if span == 0:
             return self(act(x), state)
