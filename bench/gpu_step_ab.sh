@@ -2,7 +2,8 @@
 # On the device machine (carry `.gpu-parity`, `.gpu-peer` or `.gpu`, and the other tree): the batched
 # decoder's captured step on this tree against another, alternated on one warm machine (issue 22).
 # For each round and each variant in VARIANTS (NAME, NAME:DIR or NAME:DIR:FLAGS; DIR a tree holding
-# `voxgate/`, empty for this one; FLAGS more options for the script, e.g. `plain::--no-codec-lean`),
+# `voxgate/`, empty for this one; FLAGS comma-separated: options for the script, e.g.
+# `plain::--no-codec-lean`, and KEY=VALUE settings for its environment, e.g. `off::VOXGATE_QWEN3_PDL=0`),
 # bench/qwen3_step_profile.py (this tree's script, the variant's voxgate) replays every
 # bucket's step REPEATS times and breaks the step down by part at PARTS; then a line per bucket with
 # each variant's median over the rounds.
@@ -21,8 +22,12 @@ for i in $(seq "${ROUNDS:-2}"); do
         name=${variant%%:*} tree= vflags=
         case $variant in *:*) rest=${variant#*:}; tree=${rest%%:*}; case $rest in *:*) vflags=${rest#*:} ;; esac ;; esac
         [ -n "$tree" ] || tree=$PWD
-        PYTHONPATH=$tree python3 bench/qwen3_step_profile.py --model-dir /tmp/ckpt-$TAG-$SEED --rows "${ROWS:-64}" \
-            --parts "${PARTS:-1,64}" --repeats "${REPEATS:-50}" --label "$name" ${FLAGS:-} $vflags \
+        venv= vopts=  # FLAGS' comma-separated tokens: KEY=VALUE sets the variant's environment, others are options
+        for token in $(echo "$vflags" | tr ',' ' '); do
+            case $token in [A-Z]*=*) venv="$venv $token" ;; *) vopts="$vopts $token" ;; esac
+        done
+        env $venv PYTHONPATH=$tree python3 bench/qwen3_step_profile.py --model-dir /tmp/ckpt-$TAG-$SEED --rows "${ROWS:-64}" \
+            --parts "${PARTS:-1,64}" --repeats "${REPEATS:-50}" --label "$name" ${FLAGS:-} $vopts \
             --output-json "$RES/step-$TAG-$name-$i.json" > "$RES/step-$TAG-$name-$i.txt" 2>&1
         echo "== $name ($tree), round $i (exit $?)"; grep '^|' "$RES/step-$TAG-$name-$i.txt" | head -40
     done

@@ -205,7 +205,7 @@ class CausalConv(_Stateful):
 
     def derive(self) -> tuple[torch.Tensor, ...]:
         weight2d = self.conv.weight.reshape(self.conv.out_channels, -1)
-        if not self.fused:
+        if not self.fused or self.kernel == 1:  # a one-tap conv is a plain product: no taps form
             return (weight2d,)
         taps = self.conv.weight.permute(2, 1, 0).reshape(-1, self.conv.out_channels)  # row j * Cin + c
         return weight2d, taps.contiguous()
@@ -222,7 +222,8 @@ class CausalConv(_Stateful):
     def activated(self, x: torch.Tensor, act: SnakeBeta, state: DecoderState) -> torch.Tensor:
         """`self(act(x), state)` with the activation written straight after the history in one
         buffer (the same values; no concatenation of the activation, the largest copy of a
-        conv at the decoder's long steps)."""
+        conv at the decoder's long steps). `fused`: the conv as `kernels.conv_taps` over that
+        buffer (the same sum in another order: values within rounding)."""
         span = (self.kernel - 1) * self.dilation
         if span == 0:
             return self(act(x), state)
@@ -236,10 +237,9 @@ class CausalConv(_Stateful):
         act(x, out=full[:, span:])
         if self.fused and c % 16 == 0:  # the product's channel blocks (every conv of the real codecs)
             y = kernels.conv_taps(full, self.derived()[1], self.conv.bias, self.kernel, self.dilation)
-            state.put(self.key, full[:, full.shape[1] - span :])
-            return y
-        y, new_history = ops.unfolded_conv(full, self.derived()[0], self.conv.bias, self.kernel, self.dilation)
-        state.put(self.key, new_history)
+        else:
+            y, _ = ops.unfolded_conv(full, self.derived()[0], self.conv.bias, self.kernel, self.dilation)
+        state.put(self.key, full[:, full.shape[1] - span :])  # the new history: the buffer's last steps
         return y
 
 

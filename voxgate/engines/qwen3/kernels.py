@@ -112,7 +112,7 @@ if triton is not None:
 
     @triton.jit
     def _snake_beta_kernel(
-        x_ptr, alpha_ptr, inv_beta_ptr, out_ptr, n, C, row, s_out, BLOCK: tl.constexpr
+        x_ptr, alpha_ptr, inv_beta_ptr, out_ptr, n, C, row, s_out, BLOCK: tl.constexpr, STRIDED: tl.constexpr
     ):  # fmt: skip
         at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # flat index into (..., C)
         mask = at < n
@@ -120,7 +120,9 @@ if triton is not None:
         x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
         s = tl.sin(x * tl.load(alpha_ptr + c, mask=mask, other=0.0).to(tl.float32))
         y = x + tl.load(inv_beta_ptr + c, mask=mask, other=0.0).to(tl.float32) * s * s
-        dest = (at // row) * s_out + at % row  # `out`'s leading rows may be strided (a view into a larger buffer)
+        dest = at
+        if STRIDED:  # `out`'s leading rows are apart (a view into a larger buffer)
+            dest = (at // row) * s_out + at % row
         tl.store(out_ptr + dest, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit(do_not_specialize=["M", "T", "L", "DIL"])  # one compile per layer shape, whatever the batch
@@ -267,8 +269,9 @@ def snake_beta(
     s_out = out.stride(0) if x.dim() > 1 else row
     block = 1024
     _snake_beta_kernel[(triton.cdiv(x.numel(), block),)](
-        x, alpha_exp, inv_beta, out, x.numel(), x.shape[-1], row, s_out, BLOCK=block, num_warps=4
-    )
+        x, alpha_exp, inv_beta, out, x.numel(), x.shape[-1], row, s_out, BLOCK=block, STRIDED=s_out != row,
+        num_warps=4,
+    )  # fmt: skip
     return out
 
 
