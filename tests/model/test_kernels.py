@@ -189,6 +189,36 @@ def test_fused_sampler_draws_what_sample_rows_draws_and_gathers_the_embeddings(n
         assert codes[2, 5] == 7
 
 
+@pytest.mark.parametrize("nucleus", [False, True])
+def test_fused_sampler_ranks_equal_scores_by_lower_id_across_the_candidates_edge(nucleus):
+    """bf16 logits tie often. The kernel's candidates are the `width` best by score, then by lower
+    id, also where a run of equal scores straddles the width-th place (its radix select takes the
+    lowest ids of that run); the reference: sample_rows in float64 with each score lowered by
+    id * 1e-9, which orders ties by lower id and no distinct scores differently (steps of 1/8)."""
+    from voxgate.engines.qwen3 import fused_sampler as fs
+    from voxgate.engines.qwen3.sampling import hashed_gumbel, sample_rows
+
+    b, v, width, h = 5, 2048, 50, 16
+    logits = (_randn(b, v) * 8).round() / 8  # ~130 distinct values a row: runs of equal scores
+    logits[0, 100:130] = 4.125  # the 30 best, then a run of 200 equal scores across the 50th place
+    logits[0, 300:500] = 4.0
+    logits[1, :] = -1.0  # every score equal: the lowest ids are the candidates
+    logits[4, 7::9] = float("-inf")  # suppressed ids (the talker's control ids)
+    noise = hashed_gumbel(torch.arange(b, device=DEVICE), torch.arange(b * 16, device=DEVICE).view(b, 16), width)
+    settings = _settings(b)
+    table = _randn(v, h, seed=1)
+    codes = torch.zeros(b, dtype=torch.long, device=DEVICE)
+    fs.sample_codes(logits, noise[:, 3], settings, width, nucleus, codes, table)
+    lowered = logits.double() - torch.arange(v, device=DEVICE, dtype=torch.float64) * 1e-9
+    fields = [getattr(settings, f) for f in settings.__slots__]
+    fields[1] = fields[1].double()
+    expected = sample_rows(lowered, noise[:, 3].double(), *fields, width, nucleus)
+    assert torch.equal(codes, expected)
+    assert codes[2] == logits[2].argmax() == lowered[2].argmax()  # a greedy row: the lowest id of the best
+    assert 100 <= codes[0] < 130 or 300 <= codes[0] < 320
+    assert codes[1] < 10  # top_k 10
+
+
 def test_fused_sampler_applies_the_talker_processors_and_adds_the_text_row():
     from voxgate.engines.qwen3 import fused_sampler as fs
     from voxgate.engines.qwen3.sampling import batched_talker_scores, control_mask, hashed_gumbel, sample_rows
