@@ -195,16 +195,24 @@ def test_pacing_sends_audio_at_real_time(gateway):
     assert 0.8 <= asyncio.run(run()) <= 30.0
 
 
-def test_resume_after_a_drop_replays_with_no_gap_and_no_duplicate(gateway):
+@pytest.mark.parametrize("one_delta", [False, True], ids=["word by word", "one delta"])
+def test_resume_after_a_drop_replays_with_no_gap_and_no_duplicate(gateway, one_delta):
+    """Also when all the text came in one delta: it is cut into segments of the pending limit
+    like streamed text (one segment of it all gave no units.done to resume from)."""
+
     async def run() -> None:
         first = await websockets.connect(_ws(gateway))
         c = Client(first)
         await c.send(type="session.start", max_pending_units=2)
         started = await c.next()
         session_id, token = started["session_id"], started["resume_token"]
-        await c.words("a b c d e f g h i j")
-        await c.until("units.done")
-        await c.until("units.done")
+        if one_delta:
+            await c.send(type="text.delta", text="a b c d e f g h i j ", first_unit_index=0)
+        else:
+            await c.words("a b c d e f g h i j")
+        for _ in range(2):
+            done = await c.until("units.done")
+            assert done["unit_end"] - done["unit_start"] < 2
         first.transport.abort()  # no close frame: a network drop
         kept = [m for m in c.messages if m["type"] == "units.done"]
         last = kept[-1]["unit_end"]

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from voxgate.serving.session import Session, count_units
 from voxgate.serving.wsproto import ProtocolError, SessionStart, TextDelta, parse_client
+from voxgate.text import split_units
 
 
 def _session(**config) -> Session:
@@ -631,3 +632,43 @@ def test_an_abbreviation_s_full_stop_ends_no_segment_however_the_deltas_fall():
     assert s.take_segment() is None  # "Dr. " waits for the next word
     s.delta(_delta("\n", s.next_unit))  # a line break ends it whatever came before
     assert [g.text for g in _segments(s)] == ["See Dr."]
+
+
+def _cuts(s: Session) -> list[tuple[str, int, int]]:
+    out = []
+    while (segment := s.take_segment()) is not None:
+        out.append((segment.text, segment.unit_start, segment.unit_end))
+        s.segment_done(segment)
+    return out
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Keep talking about nothing in particular. " * 7,  # sentences in one delta
+        " ".join(f"word{i}" for i in range(50)) + " ",  # no sentence end at all
+        "我们今天去公园散步然后一起吃午饭再回家休息一下晚上看电影" * 2,  # one CJK run
+        "Dr. Lee came at 3.50 p.m. today, and then, well, he left; nobody knew why. " * 3,  # held marks
+    ],
+)
+@pytest.mark.parametrize("starter", [0, 3])
+def test_a_long_delta_is_cut_as_if_it_had_been_streamed_a_unit_at_a_time(text, starter):
+    """One delta holding many units gets no segment past the pending limit (a single segment of
+    it sent no units.done for longer than the replay buffer holds, so a dropped client could not
+    resume), and the cuts are the ones its units streamed one by one get."""
+    whole = _session(max_pending_units=12, starter_units=starter)
+    whole.delta(_delta(text, 0))
+    whole.end()
+    streamed = _session(max_pending_units=12, starter_units=starter)
+    starts = [u.start for u in split_units(text)][1:]
+    pieces = [text[a:b] for a, b in zip([0, *starts], [*starts, len(text)], strict=True)]
+    at = 0
+    for piece in pieces:
+        streamed.delta(_delta(piece, at))
+        at += count_units(piece, "words")
+    streamed.end()
+    cuts = _cuts(whole)
+    assert cuts == _cuts(streamed)
+    assert len(cuts) > 1 and all(end - start + 1 <= 12 for _, start, end in cuts)
+    assert [c[1] for c in cuts] == [0] + [c[2] + 1 for c in cuts[:-1]] and cuts[-1][2] == count_units(text, "words") - 1
+    assert "".join(c[0] for c in cuts).replace(" ", "") == text.replace(" ", "")

@@ -20,7 +20,7 @@ from typing import Any
 
 from voxgate.bridge.cuts import abbreviation_holds
 from voxgate.serving.wsproto import ProtocolError, SessionStart, TextDelta
-from voxgate.text import check_characters, is_cjk_char
+from voxgate.text import check_characters, is_cjk_char, split_units
 from voxgate.text import count_units as text_units
 from voxgate.types import VoxgateError
 
@@ -46,6 +46,14 @@ def _cut_point(text: str, after: int) -> int:
     if not tail.strip() or _word_boundary(text[-1:], ""):
         return len(text)
     return after + len(tail) - len(tail.lstrip())
+
+
+def _unit_pieces(text: str) -> list[str]:
+    """`text` cut before each unit but its first: the whitespace after a unit stays with it
+    (a sentence or clause end sees the space after its mark), the text before the first unit
+    with that one."""
+    starts = [unit.start for unit in split_units(text)[1:]]
+    return [text[a:b] for a, b in zip([0, *starts], [*starts, len(text)], strict=True)]
 
 
 def count_units(text: str, mode: str) -> int:
@@ -147,6 +155,18 @@ class Session:
         units = count_units(text, self.config.units)
         self.open = True
         self.last_delta_at = now
+        if units > self.config.max_pending_units and self.config.segments == "auto":
+            # Taken a unit at a time, as if streamed so: sentence ends and the pending limit cut it
+            # into segments, so none outgrows the limit (one segment of a whole long delta held
+            # no units.done for longer than the replay buffer, and a dropped client could not resume).
+            for piece in _unit_pieces(text):
+                self._take(piece, count_units(piece, self.config.units), piece, now)
+        else:
+            self._take(text, units, msg.text, now)
+
+    def _take(self, text: str, units: int, sent: str, now: float) -> None:
+        """An admitted delta's `text` (`units` of them; `sent`: as the client sent it) joins
+        the pending segment, cut where the segmentation policy says."""
         if self._pending_chars + len(text) > self.max_text_chars:
             self.flush(now)  # no segment grows past the text limit (HTTP's, for one request)
         elif self._full() and _word_boundary(self._pending[-1][-1], text[:1]) and self.config.segments == "auto":
@@ -160,7 +180,7 @@ class Session:
             self._add(text, units)
             return  # spoken whole at text.end (or text.flush): no cut of its own
         # A blank delta is kept as at most a space, so its line break is looked for in what was sent.
-        ends, open_core = self._sentence_ends(text) if text.strip() else ([0] * ("\n" in msg.text), None)
+        ends, open_core = self._sentence_ends(text) if text.strip() else ([0] * ("\n" in sent), None)
         if self.config.starter_units > 0 and self._segments_made == self._schedule_from:
             ends += [m.end() for m in _CLAUSE_END.finditer(text)]  # a starter ends at its first clause
         if ends:  # cut at the delta's end, or before the word it ends inside ("Hi. The" + "re")
