@@ -21,7 +21,7 @@ import websockets
 from tests.conftest import metric
 from tests.integration.wsclient import Client
 from voxgate.bench.server import ServerProcess
-from voxgate.serving.ws import STARVING_S
+from voxgate.serving.ws import STARVING_S, WS_PIECE_MS
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +193,30 @@ def test_pacing_sends_audio_at_real_time(gateway):
     # 1.2 s of audio less the 0.2 s lead: pacing holds it back at least that long (a busy machine
     # can only make it later, so the bound cannot flake); the upper bound is only "not stuck".
     assert 0.8 <= asyncio.run(run()) <= 30.0
+
+
+def test_pacing_holds_back_audio_within_an_engine_chunk():
+    """An engine's long chunk (here 1.2 s: ten tone units; piper's is a sentence) goes out in
+    pieces of at most WS_PIECE_MS, each paced: with no lead, 1.2 s of audio takes at least
+    1.2 s less the one piece that may be ahead (a busy machine can only make it later)."""
+    env = {"TONE_UNITS_PER_CHUNK": "10", "API_KEYS": "k1"}
+    with ServerProcess("tone", env=env) as server:
+
+        async def run() -> tuple[float, list[dict]]:
+            async with websockets.connect(_ws(server)) as ws:
+                c = Client(ws)
+                await c.start(max_pending_units=10, starter_units=0, pacing=True, pacing_lead_ms=0)
+                await c.words("one two three four five six seven eight nine ten")
+                t0 = time.perf_counter()
+                await c.send(type="text.end")
+                await c.until("utterance.done")
+                return time.perf_counter() - t0, c.of("audio")
+
+        elapsed, audio = asyncio.run(run())
+    rate = 24000  # the tone engine's
+    assert sum(m["samples"] for m in audio) == round(1.2 * rate)
+    assert max(m["samples"] for m in audio) <= WS_PIECE_MS * rate // 1000
+    assert 1.2 - WS_PIECE_MS / 1000 <= elapsed <= 30.0
 
 
 @pytest.mark.parametrize("one_delta", [False, True], ids=["word by word", "one delta"])

@@ -294,3 +294,14 @@ def test_an_engine_stream_counts_one_first_chunk_for_the_whole_text():
 
     chunks = asyncio.run(main())
     assert chunks[0].seq == 0 and sum(len(c.samples) for c in chunks) == count_units(WORDS) * 480
+
+
+def test_cut_audio_shares_the_samples_by_bytes_and_keeps_them_all():
+    from voxgate.speech.pieces import cut_audio
+
+    pcm = bytes(range(200)) * 10  # 1,000 samples of 16-bit PCM
+    pieces = cut_audio(pcm, 1000, 300)  # 150 samples a piece
+    assert b"".join(p for p, _ in pieces) == pcm and [n for _, n in pieces] == [150] * 6 + [100]
+    compressed = cut_audio(b"x" * 1000, 4410, 400)  # an encoder's bytes: shares as near as bytes say
+    assert [len(p) for p, _ in compressed] == [400, 400, 200] and sum(n for _, n in compressed) == 4410
+    assert cut_audio(b"ab", 1, 400) == [(b"ab", 1)]

@@ -43,6 +43,7 @@ from voxgate.serving.wsproto import (
     parse_client,
 )
 from voxgate.speech.clock import PlaybackClock, StartWatch
+from voxgate.speech.pieces import cut_audio
 from voxgate.speech.stream import EngineStream
 from voxgate.types import Busy, Preempted, VoxgateError
 
@@ -51,6 +52,10 @@ log = logging.getLogger(__name__)
 # streams may be joined end to end (FLAC may not: each stream starts with its own header).
 WS_FORMATS = (*(f for f in FORMATS if f != "wav"), "mp3", "opus", "aac")
 DETACHED_PRIORITY = -100  # the lowest a request may ask for (HTTP allows -100..100)
+# The most audio one `audio` message carries: an engine's longer chunk (piper's: a sentence) is
+# cut, so pacing holds audio back within a segment and a cancel stops it within a piece. Above
+# qwen3's 80 ms frames, which go out as they come.
+WS_PIECE_MS = 200
 SESSION_HEADER = "x-voxgate-session"  # the connect's session key (browsers cannot set headers: ?session=)
 DRAIN_CLOSE = 1012  # "service restart": the server is going; open the session again elsewhere
 # A listener with less audio in hand than twice a segment's recent worst start (within these
@@ -579,6 +584,7 @@ class Gateway:
         try:
             stamps: tuple[float, ...] | None = None  # the clocks on the way to the segment's first audio
             logged = 0  # samples of audio logged: a compressed piece may hold samples given before it
+            piece = encoder.bytes_per_sample * (live.plan.sample_rate * WS_PIECE_MS // 1000)
             while s.current(segment) and (chunk := await stream.next()) is not None:
                 data = encoder.encode(chunk.samples, chunk.pcm16)
                 if not data:
@@ -586,16 +592,17 @@ class Gateway:
                 if stamps is None:
                     stamps = (taken, slot, chunk.t_ready, time.perf_counter())
                     self.starts.note(stamps[-1] - slot)  # the server's part: not a client's wait for its own slots
-                    s.audio(segment, data, encoder.samples_out - logged, stamps, chunk.marks)
-                else:
-                    s.audio(segment, data, encoder.samples_out - logged)
+                for part, samples in cut_audio(data, encoder.samples_out - logged, piece):
+                    s.audio(segment, part, samples, stamps, chunk.marks)  # (kept on the segment's first only)
                 logged = encoder.samples_out
                 live.wake.set()
                 if not await self._room(live, segment):
                     stopped, live.parked = "parked", True
                     break
             else:
-                s.audio(segment, encoder.flush(), encoder.samples_out - logged)
+                tail = encoder.flush()
+                for part, samples in cut_audio(tail, encoder.samples_out - logged, piece) if tail else ():
+                    s.audio(segment, part, samples)
         except Preempted:  # nobody listened and a listener elsewhere needed the row: voiced again later
             stopped = "preempted"
         except VoxgateError as exc:

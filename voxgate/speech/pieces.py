@@ -38,3 +38,17 @@ class WirePieces:
 
     def close(self) -> None:
         self.encoder.close()
+
+
+def cut_audio(data: bytes, samples: int, most: int) -> list[tuple[bytes, int]]:
+    """`data`, which carries `samples` samples, cut into pieces of at most `most` bytes, each
+    with its share of the samples by bytes (exact for PCM and mu-law when `most` is a whole
+    number of samples; a compressed piece's share is as near as its bytes say)."""
+    out: list[tuple[bytes, int]] = []
+    done = at = 0
+    for piece in split_bytes(data, most):
+        at += len(piece)
+        upto = samples * at // len(data)
+        out.append((piece, upto - done))
+        done = upto
+    return out
