@@ -187,3 +187,37 @@ def _splits_surrogates(text: str, at: int) -> bool:
 def _next_non_space(text: str, at: int) -> int:
     match = _NON_SPACE.search(text, at)
     return match.start() if match else len(text)
+
+
+# The scripts a language is written in, for voices that can read no other (a phonemizer per
+# language: piper's espeak voices spell out a foreign letter's name instead). Languages not here
+# are not checked.
+_LATIN = ("Latin",)
+LANGUAGE_SCRIPTS: dict[str, tuple[str, ...]] = {
+    **{code: _LATIN for code in ("en", "de", "fr", "es", "it", "pt", "nl", "pl", "cs", "sk", "sl", "hr", "sv", "da",
+                                 "no", "nb", "nn", "fi", "is", "et", "lv", "lt", "hu", "ro", "ca", "eu", "gl", "cy",
+                                 "ga", "lb", "mt", "tr", "az", "sw", "vi", "id", "ms", "af", "sq", "eo", "la")},
+    **{code: ("Cyrillic",) for code in ("ru", "uk", "bg", "be", "sr", "mk", "kk", "ky", "mn")},
+    "el": ("Greek",), "he": ("Hebrew",), "ar": ("Arabic",), "fa": ("Arabic",), "ur": ("Arabic",),
+    "hi": ("Devanagari",), "ne": ("Devanagari",), "mr": ("Devanagari",), "bn": ("Bengali",), "ta": ("Tamil",),
+    "te": ("Telugu",), "ka": ("Georgian",), "hy": ("Armenian",), "th": ("Thai",), "zh": ("Han",),
+    "ja": ("Han", "Hiragana", "Katakana"), "ko": ("Hangul", "Han"),
+}  # fmt: skip
+_SCRIPT_NAMES = sorted({s for scripts in LANGUAGE_SCRIPTS.values() for s in scripts})
+_SCRIPT_RE = {name: regex.compile(rf"\p{{Script={name}}}") for name in _SCRIPT_NAMES}
+_LETTER_RE = regex.compile(r"\p{L}")
+
+
+def foreign_script(text: str, language: str) -> str | None:
+    """The script most of `text`'s letters are written in, when `language` is not written in
+    it and fewer than half of the letters are in the language's own scripts (a Chinese name in
+    an English sentence passes); None otherwise, or for a language `LANGUAGE_SCRIPTS` lacks."""
+    own = LANGUAGE_SCRIPTS.get(normalize_language(language) or "")
+    letters = len(_LETTER_RE.findall(text))
+    if own is None or letters == 0:
+        return None
+    if 2 * sum(len(_SCRIPT_RE[name].findall(text)) for name in own) >= letters:
+        return None
+    counts = {name: len(pattern.findall(text)) for name, pattern in _SCRIPT_RE.items() if name not in own}
+    script, most = max(counts.items(), key=lambda kv: kv[1])
+    return script if most else None

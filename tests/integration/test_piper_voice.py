@@ -73,3 +73,16 @@ def test_piper_via_openai_endpoint(piper_server):
     )
     assert r.status_code == 200 and r.headers["x-sample-rate"] == "24000"
     assert 0.3 < len(r.content) / 2 / 24000 < 3
+
+
+def test_text_in_a_script_the_voice_cannot_read_is_refused_on_every_endpoint(piper_server):
+    """espeak spells out each foreign letter's name ("Chinese letter, ..."): a typed error
+    instead, before any audio; a foreign name inside English text is still spoken."""
+    for text in ("你好，世界。", "مرحبا بالعالم", "Привет, как дела?"):
+        r = httpx.post(f"{piper_server.url}/tts/stream", json={"text": text}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_language", r.text
+        r = httpx.post(f"{piper_server.url}/v1/audio/speech", json={"model": "tts-1", "input": text, "voice": "alloy"},
+                       timeout=60)  # fmt: skip
+        assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_language", r.text
+    r = httpx.post(f"{piper_server.url}/tts/stream", json={"text": "I met 王小明 in the park today."}, timeout=60)
+    assert r.status_code == 200 and len(r.content) > 0

@@ -31,8 +31,8 @@ import numpy as np
 
 from voxgate.config import Settings
 from voxgate.engines.base import Engine
-from voxgate.text import count_units
-from voxgate.types import AudioChunk, CancelToken, EngineFailure, SynthesisRequest, VoiceInfo
+from voxgate.text import count_units, foreign_script
+from voxgate.types import AudioChunk, CancelToken, EngineFailure, SynthesisRequest, UnsupportedLanguage, VoiceInfo
 
 log = logging.getLogger(__name__)
 _ESPEAK_LOCK = threading.Lock()  # one espeak-ng instance per process
@@ -81,6 +81,15 @@ class PiperEngine(Engine):
             pass
 
     def stream(self, request: SynthesisRequest, cancel: CancelToken) -> Iterator[AudioChunk]:
+        """Refuses, at the call, text mostly in a script the voice's language is not written in:
+        espeak would spell out each letter's name ("Chinese letter, Chinese letter")."""
+        script = foreign_script(request.text, self._language)
+        if script is not None:
+            voice, language = self._voice_id, self._language
+            raise UnsupportedLanguage(f"voice {voice!r} speaks {language}; this text is in {script} script")
+        return self._sentences(request, cancel)
+
+    def _sentences(self, request: SynthesisRequest, cancel: CancelToken) -> Iterator[AudioChunk]:
         noise = 0.0 if request.seed is not None else None  # None = the voice's own noise scales
         config = self._config_cls(
             length_scale=self._voice.config.length_scale / request.speed, noise_scale=noise, noise_w_scale=noise
