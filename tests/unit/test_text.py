@@ -47,3 +47,13 @@ def test_speakable_replaces_exactly_what_check_characters_refuses():
     kept = "Tab\tnew\nline\r 你好 🙂 e\u0301"
     assert speakable(kept) == kept
     check_characters(speakable("a\x00b\ud800c\x85d"))
+
+
+def test_foreign_script_names_the_script_a_voice_cannot_read():
+    from voxgate.text import foreign_script
+
+    assert foreign_script("你好，世界。", "en") == "Han" and foreign_script("مرحبا بالعالم", "en-US") == "Arabic"
+    assert foreign_script("Hello there.", "ru") == "Latin" and foreign_script("こんにちは", "en") == "Hiragana"
+    for text, language in [("I met 王小明 in Beijing.", "en"), ("Café crème", "fr"), ("こんにちは世界", "ja"),
+                           ("123, 456!", "en"), ("😀", "en"), ("", "en"), ("Hello", "xx"), ("你好", "zh")]:  # fmt: skip
+        assert foreign_script(text, language) is None, (text, language)
