@@ -37,7 +37,9 @@ class TTSStreamBody(BaseModel):
         description="mulaw is 8 kHz only; mp3, opus (Ogg), aac (ADTS) and flac are encoded as they stream",
     )  # fmt: skip
     sample_rate: int | None = Field(
-        None, description=f"the engine's own rate by default; else one of {', '.join(map(str, SAMPLE_RATES))}"
+        None,
+        description=f"the engine's own rate by default (opus: the next rate Opus takes); else one of "
+        f"{', '.join(map(str, SAMPLE_RATES))}",
     )
     speed: float = Field(1.0, ge=0.25, le=4.0)
     instructions: str | None = Field(None, max_length=2000)
