@@ -26,6 +26,8 @@ CASES = [
     ("/tts/stream", {"text": "hi", "priority": "high"}, 400, "invalid_request"),
     ("/tts/stream", {"text": ""}, 400, "empty_text"),
     ("/tts/stream", {"text": " \n\t "}, 400, "empty_text"),
+    ("/tts/stream", {"text": "."}, 400, "empty_text"),  # nothing to speak: piper answered 200 with no audio
+    ("/tts/stream", {"text": " ?! … "}, 400, "empty_text"),
     ("/tts/stream", {"text": "x" * 501}, 413, "text_too_long"),
     ("/tts/stream", {"text": "a\u0000b"}, 400, "invalid_request"),
     ("/tts/stream", {"text": "Okay, then\u0007"}, 400, "invalid_request"),
@@ -43,6 +45,7 @@ CASES = [
     ("/v1/audio/speech", {**SPEECH, "response_format": "mulaw"}, 400, "unsupported_format"),
     ("/v1/audio/speech", {**SPEECH, "stream_format": "ws"}, 400, "invalid_request"),
     ("/v1/audio/speech", {**SPEECH, "input": ""}, 400, "empty_text"),
+    ("/v1/audio/speech", {**SPEECH, "input": "?", "response_format": "wav"}, 400, "empty_text"),
     ("/v1/audio/speech", {**SPEECH, "input": "y" * 501}, 400, "text_too_long"),  # 400 as OpenAI, not 413
     ("/v1/audio/speech", {**SPEECH, "voice": "nobody"}, 400, "unknown_voice"),
 ]

@@ -54,3 +54,14 @@ def test_opus_session_with_no_rate_asked_speaks_at_an_opus_rate(piper_server):
 def test_opus_at_a_rate_libopus_does_not_take_is_still_refused(piper_server):
     r = httpx.post(f"{piper_server.url}/tts/stream", json={"text": "Hello.", "format": "opus", "sample_rate": 22050})
     assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_sample_rate"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/tts/stream", {"text": "."}), ("/v1/audio/speech", {**SPEECH, "input": "?", "response_format": "wav"})],
+)
+def test_text_with_nothing_to_speak_is_refused_as_blank_text_is(piper_server, path, body):
+    r = httpx.post(f"{piper_server.url}{path}", json=body, timeout=60)  # was 200 with no audio (or a bare WAV header)
+    assert r.status_code == 400, r.content
+    error = r.json()["error"]
+    assert error["code"] == "empty_text" and "nothing to speak" in error["message"]

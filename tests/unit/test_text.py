@@ -47,3 +47,19 @@ def test_speakable_replaces_exactly_what_check_characters_refuses():
     kept = "Tab\tnew\nline\r 你好 🙂 e\u0301"
     assert speakable(kept) == kept
     check_characters(speakable("a\x00b\ud800c\x85d"))
+
+
+@pytest.mark.parametrize("text", [".", "?!", "...", " — ", "🙂", "**", "$"])
+def test_text_with_nothing_to_speak_is_refused_as_empty(text):
+    from voxgate.text import check_text
+    from voxgate.types import EmptyText
+
+    with pytest.raises(EmptyText, match="nothing to speak"):
+        check_text(text, 100)
+
+
+@pytest.mark.parametrize("text", ["a.", "3", "你", "¿Qué?", "नमस्ते", "e\u0301"])
+def test_text_with_a_letter_or_digit_is_spoken(text):
+    from voxgate.text import check_text
+
+    check_text(text, 100)
