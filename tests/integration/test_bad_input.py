@@ -60,6 +60,24 @@ def test_bad_request_gets_typed_error(tone_server, path, body, status, code):
     assert error["code"] == code and error["message"]
 
 
+FIELD_AT_FAULT = [
+    # (body of /tts/stream, the field its refusal names: the same as /v1/audio/speech does for its own)
+    ({"text": "hi", "voice": "nobody"}, "voice"),
+    ({"text": "hi", "format": "webm"}, "format"),
+    ({"text": "hi", "format": "opus", "sample_rate": 22050}, "sample_rate"),
+    ({"text": "hi", "sample_rate": 12345}, "sample_rate"),
+    ({"text": "x" * 501}, "text"),
+    ({"text": " "}, "text"),
+    ({"text": "."}, "text"),
+]
+
+
+@pytest.mark.parametrize(("body", "param"), FIELD_AT_FAULT)
+def test_tts_stream_refusal_names_the_field_at_fault(tone_server, body, param):
+    r = httpx.post(f"{tone_server.url}/tts/stream", json=body, timeout=10)
+    assert r.status_code in (400, 413) and r.json()["error"]["param"] == param, r.json()
+
+
 def test_error_responses_carry_the_request_id(tone_server):
     r = httpx.post(f"{tone_server.url}/tts/stream", json={"text": ""}, headers={"x-request-id": "bad-1"})
     assert r.status_code == 400 and r.headers["x-request-id"] == "bad-1"
@@ -98,6 +116,7 @@ def test_unknown_path_and_wrong_method_are_json_errors(tone_server):
 def test_language_the_voice_does_not_speak_is_refused(piper_server):
     r = httpx.post(f"{piper_server.url}/tts/stream", json={"text": "bonjour", "language": "fr"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_language"
+    assert r.json()["error"]["param"] == "language"
     ok = httpx.post(f"{piper_server.url}/tts/stream", json={"text": "Hi.", "language": "English"})
     assert ok.status_code == 200
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -178,6 +180,19 @@ def parse_body(model: type[M], raw: bytes) -> M:
         error = InvalidRequest(describe_validation(exc.errors()))
         error.param = _param(exc.errors())
         raise error from None
+
+
+@contextmanager
+def fields_at_fault(fields: Mapping[str, str]) -> Iterator[None]:
+    """Refusals raised inside name the request field they are about (OpenAI's `param`), where
+    they do not already: `fields` maps an error code to that field of this endpoint's body. The
+    checks are shared by every endpoint (`ServerState.plan`); the fields' names are not."""
+    try:
+        yield
+    except VoxgateError as exc:
+        if exc.param is None:
+            exc.param = fields.get(exc.code)
+        raise
 
 
 def _param(errors: list[Any]) -> str | None:
