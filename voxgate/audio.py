@@ -107,9 +107,8 @@ def check_output(fmt: str, sample_rate: int | None, native_rate: int, formats: t
     """Validate a requested format (one of `formats`) and rate; return the output sample rate."""
     if fmt not in formats:
         raise UnsupportedFormat(f"format {fmt!r} is not supported here; use one of {', '.join(formats)}")
-    if fmt == "opus" and (sample_rate or native_rate) not in OPUS_RATES:
-        rates = ", ".join(str(r) for r in OPUS_RATES)
-        raise UnsupportedSampleRate(f"opus takes sample_rate {rates}, not {sample_rate or native_rate}")
+    if fmt == "opus":
+        return _opus_rate(sample_rate, native_rate)
     if fmt == "mulaw":
         if sample_rate not in (None, MULAW_RATE):
             raise UnsupportedSampleRate(f"mulaw is 8000 Hz only, got sample_rate={sample_rate}")
@@ -119,6 +118,18 @@ def check_output(fmt: str, sample_rate: int | None, native_rate: int, formats: t
     if sample_rate not in SAMPLE_RATES and sample_rate != native_rate:
         rates = ", ".join(str(r) for r in SAMPLE_RATES)
         raise UnsupportedSampleRate(f"sample_rate {sample_rate} is not supported; use one of {rates}")
+    return sample_rate
+
+
+def _opus_rate(sample_rate: int | None, native_rate: int) -> int:
+    """The rate Opus is encoded at: the one asked for, which must be one libopus takes; when
+    none was asked for, the engine's rate raised to the next one libopus takes (Piper's 22050
+    Hz to 24000), so that the default request works and no band of the voice is lost."""
+    if sample_rate is None:
+        return next((rate for rate in OPUS_RATES if rate >= native_rate), OPUS_RATES[-1])
+    if sample_rate not in OPUS_RATES:
+        rates = ", ".join(str(r) for r in OPUS_RATES)
+        raise UnsupportedSampleRate(f"opus takes sample_rate {rates}, not {sample_rate}")
     return sample_rate
 
 

@@ -67,12 +67,26 @@ def normalize_language(language: str | None) -> str | None:
 
 
 def check_text(text: str, max_chars: int) -> None:
-    """Reject text no engine should receive: empty, too long, or with control characters."""
+    """Reject text no engine should receive: empty, too long, with control characters, or with
+    nothing to say (a request for "." would get no audio at all)."""
     if not text.strip():
         raise EmptyText("text is empty")
     if len(text) > max_chars:
         raise TextTooLong(f"text has {len(text)} characters; the limit is {max_chars}")
     check_characters(text)
+    if not says_something(text):
+        raise EmptyText("text has nothing to speak: it has no letter or digit, only punctuation or symbols")
+
+
+_LETTER_OR_DIGIT = re.compile(r"[^\W_]")  # str.isalnum's characters (\w less "_"), searched in C
+
+
+def says_something(text: str) -> bool:
+    """Whether text has anything to say: a letter or a digit, not only punctuation, emoji or
+    markup. The one test of it: a one-shot request without it is refused (`check_text`), and
+    the bridge's segmenter does not voice a segment without it (Piper voices "." and "?!" as
+    no audio at all, "#" and emoji as their names)."""
+    return _LETTER_OR_DIGIT.search(text) is not None
 
 
 _UNSPEAKABLE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")

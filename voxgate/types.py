@@ -172,7 +172,7 @@ class InvalidRequest(VoxgateError):
 
 
 class EmptyText(VoxgateError):
-    """The text is empty or only whitespace."""
+    """The text is empty, or has nothing to speak (whitespace, punctuation, symbols)."""
 
     code = "empty_text"
     status = 400

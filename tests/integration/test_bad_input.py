@@ -26,6 +26,8 @@ CASES = [
     ("/tts/stream", {"text": "hi", "priority": "high"}, 400, "invalid_request"),
     ("/tts/stream", {"text": ""}, 400, "empty_text"),
     ("/tts/stream", {"text": " \n\t "}, 400, "empty_text"),
+    ("/tts/stream", {"text": "."}, 400, "empty_text"),  # nothing to speak: piper answered 200 with no audio
+    ("/tts/stream", {"text": " ?! … "}, 400, "empty_text"),
     ("/tts/stream", {"text": "x" * 501}, 413, "text_too_long"),
     ("/tts/stream", {"text": "a\u0000b"}, 400, "invalid_request"),
     ("/tts/stream", {"text": "Okay, then\u0007"}, 400, "invalid_request"),
@@ -43,6 +45,7 @@ CASES = [
     ("/v1/audio/speech", {**SPEECH, "response_format": "mulaw"}, 400, "unsupported_format"),
     ("/v1/audio/speech", {**SPEECH, "stream_format": "ws"}, 400, "invalid_request"),
     ("/v1/audio/speech", {**SPEECH, "input": ""}, 400, "empty_text"),
+    ("/v1/audio/speech", {**SPEECH, "input": "?", "response_format": "wav"}, 400, "empty_text"),
     ("/v1/audio/speech", {**SPEECH, "input": "y" * 501}, 400, "text_too_long"),  # 400 as OpenAI, not 413
     ("/v1/audio/speech", {**SPEECH, "voice": "nobody"}, 400, "unknown_voice"),
 ]
@@ -55,6 +58,24 @@ def test_bad_request_gets_typed_error(tone_server, path, body, status, code):
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert error["code"] == code and error["message"]
+
+
+FIELD_AT_FAULT = [
+    # (body of /tts/stream, the field its refusal names: the same as /v1/audio/speech does for its own)
+    ({"text": "hi", "voice": "nobody"}, "voice"),
+    ({"text": "hi", "format": "webm"}, "format"),
+    ({"text": "hi", "format": "opus", "sample_rate": 22050}, "sample_rate"),
+    ({"text": "hi", "sample_rate": 12345}, "sample_rate"),
+    ({"text": "x" * 501}, "text"),
+    ({"text": " "}, "text"),
+    ({"text": "."}, "text"),
+]
+
+
+@pytest.mark.parametrize(("body", "param"), FIELD_AT_FAULT)
+def test_tts_stream_refusal_names_the_field_at_fault(tone_server, body, param):
+    r = httpx.post(f"{tone_server.url}/tts/stream", json=body, timeout=10)
+    assert r.status_code in (400, 413) and r.json()["error"]["param"] == param, r.json()
 
 
 def test_error_responses_carry_the_request_id(tone_server):
@@ -95,6 +116,7 @@ def test_unknown_path_and_wrong_method_are_json_errors(tone_server):
 def test_language_the_voice_does_not_speak_is_refused(piper_server):
     r = httpx.post(f"{piper_server.url}/tts/stream", json={"text": "bonjour", "language": "fr"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_language"
+    assert r.json()["error"]["param"] == "language"
     ok = httpx.post(f"{piper_server.url}/tts/stream", json={"text": "Hi.", "language": "English"})
     assert ok.status_code == 200
 

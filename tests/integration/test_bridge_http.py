@@ -69,6 +69,7 @@ def test_bad_requests_are_refused_with_typed_errors(bridge):
     assert httpx.post(url, json={"messages": []}).json()["error"]["code"] == "invalid_request"
     wrong_voice = httpx.post(url, json={**ASK, "voice": "nobody"})
     assert wrong_voice.status_code == 400 and wrong_voice.json()["error"]["code"] == "unknown_voice"
+    assert wrong_voice.json()["error"]["param"] == "voice"
     assert httpx.get(bridge.url + "/healthz").status_code == 200
 
 

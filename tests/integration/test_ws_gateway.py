@@ -499,3 +499,20 @@ def test_a_listener_that_ran_dry_mid_utterance_gets_a_starter_sized_segment_not_
         return [(m["unit_start"], m["unit_end"]) for m in c.of("units.done")]
 
     assert asyncio.run(run()) == [(0, 2), (3, 8), (9, 11), (12, 13)]
+
+
+def test_a_delta_with_nothing_to_speak_is_accounted_not_refused(gateway):
+    """One-shot requests refuse text with nothing to speak (`empty_text`); a streamed delta is
+    part of a longer text, and its units are accounted as any others."""
+
+    async def run() -> Client:
+        async with websockets.connect(_ws(gateway)) as ws:
+            c = Client(ws)
+            await c.start()
+            await c.send(type="text.delta", text="... ", first_unit_index=0)
+            await c.send(type="session.end")
+            await c.until("session.done")
+            return c
+
+    client = asyncio.run(run())
+    assert not client.of("error") and _covered(client.messages) == [0]

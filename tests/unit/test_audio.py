@@ -154,6 +154,17 @@ def test_check_output_rates_and_errors():
         check_output("mulaw", 16000, 24000)
 
 
+def test_opus_with_no_rate_asked_takes_the_next_rate_libopus_takes():
+    # Piper speaks at 22050 Hz, which libopus does not take: a request that names no rate gets
+    # the next Opus rate up (resampled), one that names a rate libopus does not take is refused
+    assert check_output("opus", None, 22050, ("opus",)) == 24000
+    assert check_output("opus", None, 44100, ("opus",)) == 48000
+    assert check_output("opus", None, 16000, ("opus",)) == 16000
+    assert check_output("opus", 16000, 22050, ("opus",)) == 16000
+    with pytest.raises(UnsupportedSampleRate, match="not 22050"):
+        check_output("opus", 22050, 22050, ("opus",))
+
+
 def test_decode_wav_reads_mono_and_mixes_stereo_down():
     from voxgate.audio import decode_wav
 

@@ -57,3 +57,19 @@ def test_foreign_script_names_the_script_a_voice_cannot_read():
     for text, language in [("I met 王小明 in Beijing.", "en"), ("Café crème", "fr"), ("こんにちは世界", "ja"),
                            ("123, 456!", "en"), ("😀", "en"), ("", "en"), ("Hello", "xx"), ("你好", "zh")]:  # fmt: skip
         assert foreign_script(text, language) is None, (text, language)
+
+
+@pytest.mark.parametrize("text", [".", "?!", "...", " — ", "🙂", "**", "$"])
+def test_text_with_nothing_to_speak_is_refused_as_empty(text):
+    from voxgate.text import check_text
+    from voxgate.types import EmptyText
+
+    with pytest.raises(EmptyText, match="nothing to speak"):
+        check_text(text, 100)
+
+
+@pytest.mark.parametrize("text", ["a.", "3", "你", "¿Qué?", "नमस्ते", "e\u0301"])
+def test_text_with_a_letter_or_digit_is_spoken(text):
+    from voxgate.text import check_text
+
+    check_text(text, 100)

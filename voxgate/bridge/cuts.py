@@ -68,6 +68,8 @@ from typing import NamedTuple
 import rjieba
 from pysbd.lang.english import English
 
+from voxgate.text import says_something as speakable  # re-exported: the segmenter's name for it
+
 rjieba.tag("预热")  # loads jieba's dictionary and tagger at import, not in the first reply's first cut
 
 LOOKBACK = 64  # characters a decision may read before its gap (the word before it)
@@ -91,7 +93,6 @@ class Cut(NamedTuple):
 IDEOGRAPH = re.compile("[\u3005\u3007\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _IDEOGRAPHS = re.compile(IDEOGRAPH.pattern + "*")
 _IDEOGRAPHS_END = re.compile(IDEOGRAPH.pattern + "*$")
-_LETTER_OR_DIGIT = re.compile(r"[^\W_]")  # str.isalnum's characters (\w less "_"), searched in C
 _WIDE = IDEOGRAPH.pattern[1:-1] + "\u3000-\u303e\uac00-\ud7a3\uff01-\uff60\uffe0-\uffe6"  # 2 columns, 1 unit each
 _WIDE_UNITS = re.compile(f"[{_WIDE}]*")
 _WIDE_CHAR = re.compile(f"[{_WIDE}]")
@@ -220,11 +221,6 @@ def width(text: str) -> int:
     if _NARROW_OR_WIDE.fullmatch(text):  # Chinese with Latin words or quotes: count the wide characters in C
         return len(text) + len(_WIDE_CHAR.findall(text))
     return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
-
-
-def speakable(text: str) -> bool:
-    """Whether a segment has anything to say: a letter or digit, not only emoji or markup."""
-    return _LETTER_OR_DIGIT.search(text) is not None
 
 
 def skip_space(text: str, i: int) -> int:

@@ -31,7 +31,7 @@ from starlette.types import Receive, Scope, Send
 
 from voxgate.serving.llm import LLM_ERRORS, llm_slot
 from voxgate.serving.openapi import BINARY, errors, json_body, sse, streamed
-from voxgate.serving.protocol import parse_body
+from voxgate.serving.protocol import fields_at_fault, parse_body
 from voxgate.serving.reply import AudioOut, Reply, ReplyDone, ReplyOptions, SegmentStarted
 from voxgate.serving.state import ServerState
 from voxgate.types import NotFound
@@ -100,7 +100,8 @@ async def bridge_stream(request: Request) -> Response:
     options = ReplyOptions(**body.model_dump(exclude={"messages"}))
     messages = [m.model_dump() for m in body.messages]
     scope = request.scope["state"]
-    reply = Reply(state, options, messages, scope["t_req_in"], scope["client_id"])
+    with fields_at_fault({"unknown_voice": "voice", "unsupported_language": "language"}):
+        reply = Reply(state, options, messages, scope["t_req_in"], scope["client_id"])
     try:
         lease = await llm_slot(state, request)
     except BaseException:

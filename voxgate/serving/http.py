@@ -36,6 +36,7 @@ from voxgate.serving.protocol import (
     VoiceList,
     VoiceOut,
     VoiceUpload,
+    fields_at_fault,
     parse_body,
 )
 from voxgate.serving.state import ServerState
@@ -48,7 +49,6 @@ from voxgate.types import (
     UnknownModel,
     UnsupportedFormat,
     VoiceInfo,
-    VoxgateError,
 )
 
 router = APIRouter()
@@ -107,20 +107,21 @@ async def tts_stream(request: Request) -> Response:
     state = state_of(request)
     body = parse_body(TTSStreamBody, await request.body())
     await _voice_current(state, body.voice)
-    plan = state.plan(
-        text=body.text,
-        voice=body.voice,
-        language=body.language,
-        fmt=body.format,
-        sample_rate=body.sample_rate,
-        speed=body.speed,
-        instructions=body.instructions,
-        seed=body.seed,
-        priority=body.priority,
-        request_id=request_id_of(request),
-        client=client_of(request),
-        formats=HTTP_FORMATS,
-    )
+    with fields_at_fault(_STREAM_FIELDS):
+        plan = state.plan(
+            text=body.text,
+            voice=body.voice,
+            language=body.language,
+            fmt=body.format,
+            sample_rate=body.sample_rate,
+            speed=body.speed,
+            instructions=body.instructions,
+            seed=body.seed,
+            priority=body.priority,
+            request_id=request_id_of(request),
+            client=client_of(request),
+            formats=HTTP_FORMATS,
+        )
     return await open_stream(state, request, plan, endpoint="/tts/stream", sse=False)
 
 
@@ -166,28 +167,35 @@ async def audio_speech(request: Request) -> Response:
         error.param = "response_format"
         raise error
     try:
-        plan = state.plan(
-            text=body.input,
-            voice=body.voice_id,
-            fmt=body.response_format,
-            sample_rate=OPENAI_RATE,
-            speed=body.speed,
-            instructions=body.instructions,
-            request_id=request_id_of(request),
-            client=client_of(request),
-            formats=SPEECH_FORMATS,
-        )
+        with fields_at_fault(_SPEECH_FIELDS):
+            plan = state.plan(
+                text=body.input,
+                voice=body.voice_id,
+                fmt=body.response_format,
+                sample_rate=OPENAI_RATE,
+                speed=body.speed,
+                instructions=body.instructions,
+                request_id=request_id_of(request),
+                client=client_of(request),
+                formats=SPEECH_FORMATS,
+            )
     except TextTooLong as exc:  # OpenAI answers an over-long `input` with 400, not 413
-        exc.status, exc.param = 400, "input"
-        raise
-    except VoxgateError as exc:
-        exc.param = exc.param or _SPEECH_PARAMS.get(exc.code)
+        exc.status = 400
         raise
     return await open_stream(state, request, plan, endpoint="/v1/audio/speech", sse=body.stream_format == "sse")
 
 
-# The request field each refusal of /v1/audio/speech is about (OpenAI's `param`).
-_SPEECH_PARAMS = {"empty_text": "input", "unknown_voice": "voice", "unsupported_format": "response_format"}
+# The request field each refusal of `ServerState.plan` is about, per endpoint (OpenAI's `param`).
+_STREAM_FIELDS = {
+    "empty_text": "text",
+    "text_too_long": "text",
+    "unknown_voice": "voice",
+    "unsupported_language": "language",
+    "unsupported_format": "format",
+    "unsupported_sample_rate": "sample_rate",
+}
+_SPEECH_FIELDS = {"empty_text": "input", "text_too_long": "input", "unknown_voice": "voice",
+                  "unsupported_format": "response_format"}  # fmt: skip
 
 
 @router.get("/v1/voices", responses={200: {"model": VoiceList}, **errors(_NOT_READY)})
@@ -234,7 +242,8 @@ async def add_voice(request: Request) -> JSONResponse:
     if not isinstance(engine, VoiceCloner):
         raise NotSupported(f"the {engine.name} engine cannot clone voices")
     if body.text is not None:
-        check_text(body.text, state.settings.max_text_chars)
+        with fields_at_fault({"empty_text": "text", "text_too_long": "text"}):
+            check_text(body.text, state.settings.max_text_chars)
     try:
         audio = base64.b64decode(body.audio, validate=True)
     except ValueError:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -37,7 +39,9 @@ class TTSStreamBody(BaseModel):
         description="mulaw is 8 kHz only; mp3, opus (Ogg), aac (ADTS) and flac are encoded as they stream",
     )  # fmt: skip
     sample_rate: int | None = Field(
-        None, description=f"the engine's own rate by default; else one of {', '.join(map(str, SAMPLE_RATES))}"
+        None,
+        description=f"the engine's own rate by default (opus: the next rate Opus takes); else one of "
+        f"{', '.join(map(str, SAMPLE_RATES))}",
     )
     speed: float = Field(1.0, ge=0.25, le=4.0)
     instructions: str | None = Field(None, max_length=2000)
@@ -176,6 +180,19 @@ def parse_body(model: type[M], raw: bytes) -> M:
         error = InvalidRequest(describe_validation(exc.errors()))
         error.param = _param(exc.errors())
         raise error from None
+
+
+@contextmanager
+def fields_at_fault(fields: Mapping[str, str]) -> Iterator[None]:
+    """Refusals raised inside name the request field they are about (OpenAI's `param`), where
+    they do not already: `fields` maps an error code to that field of this endpoint's body. The
+    checks are shared by every endpoint (`ServerState.plan`); the fields' names are not."""
+    try:
+        yield
+    except VoxgateError as exc:
+        if exc.param is None:
+            exc.param = fields.get(exc.code)
+        raise
 
 
 def _param(errors: list[Any]) -> str | None:

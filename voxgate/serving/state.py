@@ -265,7 +265,7 @@ class ServerState:
     def plan(
         self,
         *,
-        text: str,
+        text: str | None,
         voice: str | None,
         fmt: str,
         sample_rate: int | None,
@@ -280,16 +280,18 @@ class ServerState:
     ) -> StreamPlan:
         """Validate a request against the limits and the engine; raises typed errors.
 
+        `text` None: the text comes later, and is checked where it comes (`voice_plan`).
         `client` is the caller's identity: another client's cloned voice is `unknown_voice` to
         it, exactly as a voice that does not exist. Every transport passes it; `None` (no
         owner check) is for the server's own work."""
         engine = self.require_engine()
         if self.draining:
             raise Draining("the server is shutting down and takes no new streams; retry (another replica)")
-        check_text(text, self.settings.max_text_chars)
+        if text is not None:
+            check_text(text, self.settings.max_text_chars)
         voice = self._voice_for(client, voice)
         request = SynthesisRequest(
-            text=text,
+            text=text or "",
             voice=voice,
             language=normalize_language(language),
             speed=speed,
@@ -354,8 +356,8 @@ class ServerState:
         formats: tuple[str, ...] = FORMATS,
     ) -> StreamPlan:
         """`plan` for text that comes later (WebSocket sessions, bridge replies): checks the
-        voice, language, speed and output now; each segment's text replaces the placeholder."""
-        return self.plan(text="-", voice=voice, fmt=fmt, sample_rate=sample_rate, language=language, client=client,
+        voice, language, speed and output now; each segment's text fills in the request's."""
+        return self.plan(text=None, voice=voice, fmt=fmt, sample_rate=sample_rate, language=language, client=client,
                          speed=speed, instructions=instructions, formats=formats)  # fmt: skip
 
     def record_first_audio(
