@@ -398,15 +398,20 @@ def build_parser() -> argparse.ArgumentParser:
     download.add_argument("--cache-dir", help="cache to use (default: HF_HUB_CACHE, else HF_HOME/hub)")
     download.set_defaults(func=cmd_download)
 
-    from voxgate.regress.cli import add_regress_commands
+    names = argparse.ArgumentParser().add_subparsers()
+    _add_regress_commands(names)  # the help lists the commands there are
+    about = f"regression gates and golden baselines: {', '.join(names.choices)}"
+    regress = sub.add_parser("regress", help=about, description=about)
+    _add_regress_commands(regress.add_subparsers(dest="regress", required=True))
+    return parser
 
-    regress = sub.add_parser("regress", help="regression gates and golden baselines: tts, freeze, stability")
-    regress_commands = regress.add_subparsers(dest="regress", required=True)
-    add_regress_commands(regress_commands)  # tts, freeze, stability
+
+def _add_regress_commands(commands: Any) -> None:
+    from voxgate.regress.cli import add_regress_commands
     from voxgate.regress.e2e.command import add_e2e_commands
 
-    add_e2e_commands(regress_commands)  # e2e, e2e-freeze, e2e-stability
-    return parser
+    add_regress_commands(commands)
+    add_e2e_commands(commands)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import wave
@@ -12,6 +13,7 @@ import pytest
 
 from voxgate.bench.http import BurstStreamFailed, _series, burst
 from voxgate.bench.server import ServerProcess
+from voxgate.cli import main
 
 
 def voxgate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -63,6 +65,17 @@ def test_a_bad_path_or_setting_is_one_line_and_exit_2(args, env, says):
     result = voxgate(*args, env={**os.environ, **env})
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"voxgate: error: {says}") and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_the_regress_help_names_every_regress_command(capsys):
+    for argv in (["regress", "--help"], ["--help"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+    regress_help, top_help = capsys.readouterr().out.split("usage: voxgate [-h]")
+    commands = re.search(r"\{([a-z0-9,-]+)\}", regress_help).group(1).split(",")  # what `voxgate regress` takes
+    assert {"tts", "e2e"} <= set(commands)
+    listed = "".join(f"regression gates and golden baselines: {', '.join(commands)}".split())
+    assert listed in "".join(regress_help.split()) and listed in "".join(top_help.split())  # however it wraps
 
 
 def test_voices_lists_the_engine_voices():
