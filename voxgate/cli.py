@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from voxgate import __version__
 
 if TYPE_CHECKING:  # the CLI imports each command's needs lazily (bench tts runs without the server's)
+    from pydantic import ValidationError
+
     from voxgate.config import Settings
 
 
@@ -396,28 +398,59 @@ def build_parser() -> argparse.ArgumentParser:
     download.add_argument("--cache-dir", help="cache to use (default: HF_HUB_CACHE, else HF_HOME/hub)")
     download.set_defaults(func=cmd_download)
 
-    from voxgate.regress.cli import add_regress_commands
-
-    regress = sub.add_parser("regress", help="regression gates and golden baselines: tts, freeze, stability")
-    regress_commands = regress.add_subparsers(dest="regress", required=True)
-    add_regress_commands(regress_commands)  # tts, freeze, stability
-    from voxgate.regress.e2e.command import add_e2e_commands
-
-    add_e2e_commands(regress_commands)  # e2e, e2e-freeze, e2e-stability
+    names = argparse.ArgumentParser().add_subparsers()
+    _add_regress_commands(names)  # the help lists the commands there are
+    about = f"regression gates and golden baselines: {', '.join(names.choices)}"
+    regress = sub.add_parser("regress", help=about, description=about)
+    _add_regress_commands(regress.add_subparsers(dest="regress", required=True))
     return parser
 
 
+def _add_regress_commands(commands: Any) -> None:
+    from voxgate.regress.cli import add_regress_commands
+    from voxgate.regress.e2e.command import add_e2e_commands
+
+    add_regress_commands(commands)
+    add_e2e_commands(commands)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; what the user can fix (bad input, invalid settings, a path that cannot be
+    read or written) is one line, `voxgate: error: <code>: <message>`, and exit status 2."""
     args = build_parser().parse_args(argv)
+    from pydantic import ValidationError
+
     from voxgate.types import VoxgateError
 
     try:
         return int(args.func(args))
     except VoxgateError as exc:
-        print(f"voxgate: error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc))
+    except ValidationError as exc:
+        if exc.title != "Settings":  # another model's: a bug, with its traceback
+            raise
+        return _fail(f"invalid_settings: {_describe_settings(exc)}")
+    except OSError as exc:
+        where = f": {exc.filename}" if exc.filename else ""
+        return _fail(f"os_error: {exc.strerror or exc}{where}")
     except KeyboardInterrupt:
         return 130
+
+
+def _fail(line: str) -> int:
+    print(f"voxgate: error: {line}", file=sys.stderr)
+    return 2
+
+
+def _describe_settings(exc: ValidationError) -> str:
+    """A settings `ValidationError` as `name (VOXGATE_NAME): problem; ...`: the setting may come
+    from the environment or from a flag, so the variable is named (a check across settings has
+    no one name)."""
+    parts = []
+    for err in exc.errors():
+        name = str(err["loc"][0]) if err["loc"] else ""
+        parts.append(f"{name} (VOXGATE_{name.upper()}): {err['msg']}" if name else err["msg"])
+    return "; ".join(parts)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,16 @@ from starlette.routing import Route
 
 from tests.conftest import wait_for
 
+# llama.cpp's answer to `{"messages": "oops"}`, as its server sends it.
+LLAMA_CPP_REFUSAL = {"error": {"code": 400, "message": "Expected 'messages' to be an array",
+                               "type": "invalid_request_error"}}  # fmt: skip
+
 
 class SlowLLM:
     """A stand-in LLM server (real HTTP on loopback, run in a thread): records the last user
     message of each request as it arrives, then streams `tokens` words once the gate is open.
-    A user message starting with `fail` gets a 500 naming an internal address."""
+    A user message starting with `fail` gets a 500 naming an internal address; `messages` that
+    is not a list, llama.cpp's refusal (400, with its integer `code`)."""
 
     def __init__(self, tokens: int = 5, opening: str = "") -> None:
         self.tokens, self.opening = tokens, opening  # `opening`: a first delta before the words
@@ -48,7 +53,10 @@ class SlowLLM:
         if self._gate is None:
             self.loop, self._gate = asyncio.get_running_loop(), asyncio.Event()
             self._gate.set()
-        content = (await request.json())["messages"][-1]["content"]
+        messages = (await request.json())["messages"]
+        if not isinstance(messages, list):
+            return JSONResponse(LLAMA_CPP_REFUSAL, status_code=400)
+        content = messages[-1]["content"]
         self.arrived.append(content)
         if content.startswith("fail"):
             return JSONResponse({"error": "upstream http://10.9.8.7:9000 is down"}, status_code=500)

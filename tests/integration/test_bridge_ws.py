@@ -140,7 +140,8 @@ def test_bad_messages_get_typed_errors_and_the_socket_stays_usable(bridge):
                 (json.dumps({"type": "cancel", "played_ms": -5}), "invalid_message"),
                 (json.dumps({"type": "user", "content": "x" * 65_600}), "message_too_large"),  # within the parser slack
                 (b"\x00\x01", "binary_not_supported"),
-                ("[1, 2]", "unknown_type"),
+                ("[1, 2]", "invalid_message"),
+                (json.dumps({"content": "no type"}), "invalid_message"),
             ]
             for raw, code in cases:
                 await ws.send(raw)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 import wave
@@ -11,6 +13,7 @@ import pytest
 
 from voxgate.bench.http import BurstStreamFailed, _series, burst
 from voxgate.bench.server import ServerProcess
+from voxgate.cli import main
 
 
 def voxgate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -44,6 +47,35 @@ def test_say_with_piper(tmp_path):
 def test_say_reports_bad_input_clearly(tmp_path):
     result = voxgate("say", "x", "-o", str(tmp_path / "x.wav"), "--engine", "nope")
     assert result.returncode == 2 and "unknown_engine" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "says"),
+    [
+        (("say", "Hi.", "-o", "/nonexistent/dir/a.wav", "--engine", "tone"), {},
+         "os_error: No such file or directory: /nonexistent/dir/a.wav"),
+        (("serve", "--port", "99999"), {}, "invalid_settings: port (VOXGATE_PORT): Input should be less than"),
+        (("voices", "--engine", "tone"), {"VOXGATE_LOG_LEVEL": "loud"},
+         "invalid_settings: log_level (VOXGATE_LOG_LEVEL)"),
+        (("voices", "--engine", "tone"), {"VOXGATE_QWEN3_MODEL": "/a", "VOXGATE_QWEN3_MODEL_DIR": "/b"},
+         "invalid_settings: Value error, VOXGATE_QWEN3_MODEL (/a) and VOXGATE_QWEN3_MODEL_DIR (/b) name different"),
+    ],
+)  # fmt: skip
+def test_a_bad_path_or_setting_is_one_line_and_exit_2(args, env, says):
+    result = voxgate(*args, env={**os.environ, **env})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"voxgate: error: {says}") and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_the_regress_help_names_every_regress_command(capsys):
+    for argv in (["regress", "--help"], ["--help"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+    regress_help, top_help = capsys.readouterr().out.split("usage: voxgate [-h]")
+    commands = re.search(r"\{([a-z0-9,-]+)\}", regress_help).group(1).split(",")  # what `voxgate regress` takes
+    assert {"tts", "e2e"} <= set(commands)
+    listed = "".join(f"regression gates and golden baselines: {', '.join(commands)}".split())
+    assert listed in "".join(regress_help.split()) and listed in "".join(top_help.split())  # however it wraps
 
 
 def test_voices_lists_the_engine_voices():

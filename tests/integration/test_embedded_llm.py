@@ -44,8 +44,13 @@ def test_the_openai_sdk_works_against_it(llm_server):
 def test_auth_and_a_broken_request_give_clear_errors(llm_server):
     url = llm_server.url + "/v1/chat/completions"
     assert httpx.post(url, json={"messages": []}).status_code == 401
-    refused = httpx.post(url, json={"messages": "x"}, headers={"authorization": "Bearer k1"})
-    assert refused.status_code == 400 and "messages" in refused.json()["error"]["message"]
+    hi = [{"role": "user", "content": "hi"}]
+    for body, field in (({"messages": "x"}, "messages"), ({"messages": hi, "max_tokens": -5}, "max_tokens")):
+        refused = httpx.post(url, json=body, headers={"authorization": "Bearer k1"})
+        assert refused.status_code == 400, refused.text  # llama.cpp's status and message, voxgate's code
+        error = refused.json()["error"]
+        assert error["code"] == "invalid_request" and error["type"] == "invalid_request_error", error
+        assert field in error["message"] and set(error) == {"message", "type", "param", "code"}
 
     async def run() -> None:
         client = LLMClient(LLMConfig(llm_server.url + "/v1", api_key="k1", retries=0))

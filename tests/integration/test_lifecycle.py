@@ -47,5 +47,11 @@ def test_a_client_that_stops_reading_is_dropped_and_its_slot_freed():
             next(pieces)  # read one piece, then stop reading
             assert wait_for(lambda: metric(server, 'voxgate_streams_cancelled_total{reason="send_timeout"}') == 1,
                             timeout=30)  # fmt: skip
+            with pytest.raises(httpx.HTTPError):  # the body is cut short, never a clean end
+                for _ in pieces:
+                    pass
         assert wait_for(lambda: metric(server, "voxgate_active_streams") == 0, timeout=30)
         assert httpx.post(f"{server.url}/tts/stream", json={"text": "next client"}).status_code == 200
+    assert wait_for(lambda: any("Finished server process" in line for line in server.log), timeout=30)  # all of it
+    assert any("client stopped reading" in line for line in server.log)  # an expected drop: a warning,
+    assert not [line for line in server.log if line.startswith("ERROR") or " ERROR " in line]  # not an error

@@ -163,6 +163,15 @@ def _text_frames(ws, until: str) -> Iterator[str]:
                 return
 
 
+def test_the_llms_refusal_reaches_the_client_in_voxgates_error_shape(gated, llm):
+    headers = {"authorization": f"Bearer {KEYS['A']}"}
+    refused = httpx.post(gated.url + "/v1/chat/completions", json={"messages": "oops"}, headers=headers, timeout=60)
+    assert refused.status_code == 400  # the LLM's status and message, voxgate's stable code
+    expected = {"message": "Expected 'messages' to be an array", "type": "invalid_request_error", "param": None,
+                "code": "invalid_request"}  # fmt: skip
+    assert refused.json() == {"error": expected}
+
+
 def test_a_wait_past_the_queue_timeout_is_busy(slow_llm):
     llm, url = slow_llm
     env = {"LLM_URL": url, "LLM_MAX_CONCURRENT": "1", "LLM_QUEUE_TIMEOUT_S": "1"}

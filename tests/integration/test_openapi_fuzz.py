@@ -129,10 +129,19 @@ def _resolves(spec: dict[str, Any], ref: str) -> bool:
 
 @pytest.mark.parametrize(
     ("method", "path", "allow"),
-    [("PUT", "/tts/stream", "POST"), ("DELETE", "/v1/voices", "GET, POST"), ("GET", "/v1/voices/alice", "DELETE")],
-)
+    [("PUT", "/tts/stream", "POST"), ("DELETE", "/v1/voices", "GET, HEAD, POST"), ("GET", "/v1/voices/alice", "DELETE"),
+     ("HEAD", "/tts/stream", "POST")],
+)  # fmt: skip
 def test_a_method_the_route_lacks_is_405_with_the_allowed_methods(open_server, method, path, allow):
     r = httpx.request(method, f"{open_server.url}{path}", timeout=10)
     assert r.status_code == 405
     assert r.headers.get("allow") == allow
-    assert r.json()["error"]["code"] == "method_not_allowed"
+    assert r.json()["error"]["code"] == "method_not_allowed" if method != "HEAD" else not r.content
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/livez", "/readyz", "/v1/voices", "/metrics"])
+def test_head_answers_as_get_without_the_body(open_server, path):
+    got = httpx.get(f"{open_server.url}{path}", timeout=10)
+    head = httpx.head(f"{open_server.url}{path}", timeout=10)
+    assert head.status_code == got.status_code == 200 and head.content == b""
+    assert head.headers["content-type"] == got.headers["content-type"]

@@ -105,6 +105,7 @@ def create_app(
     _install_error_handlers(app, state.metrics)
     document_api(app, settings, _OPEN_PATHS, _ADMIN_PREFIX)
     app.add_middleware(RequestGate, settings=settings, metrics=state.metrics, auth=state.auth)
+    app.add_middleware(HeadAsGet)
     return app
 
 
@@ -154,7 +155,30 @@ def _allowed_methods(routes: list[Any], path: str) -> list[str]:
             methods.update(_allowed_methods(inner.routes, path))
         elif getattr(route, "methods", None) and route.path_regex.match(path):
             methods.update(route.methods)
+    if "GET" in methods:
+        methods.add("HEAD")  # `HeadAsGet`
     return sorted(methods)
+
+
+class HeadAsGet:
+    """HEAD is GET without the body (RFC 9110 9.3.2) on every GET route: health checks and
+    monitors probe with HEAD, and FastAPI's routes take only the methods they name. Outside
+    the gate, so a HEAD is admitted, counted and answered as its GET is."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def head_only(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, head_only)
 
 
 class RequestGate:

@@ -35,7 +35,7 @@ from voxgate.serving.limits import MessageRate, Turn
 from voxgate.serving.protocol import describe_validation
 from voxgate.serving.reply import AudioOut, Reply, ReplyOptions
 from voxgate.serving.state import ServerState
-from voxgate.serving.wsproto import ProtocolError, decode_frame, error
+from voxgate.serving.wsproto import ProtocolError, decode_frame, error, message_type
 from voxgate.types import VoxgateError
 
 log = logging.getLogger(__name__)
@@ -75,9 +75,7 @@ TYPES = ("config", "user", "cancel", "reset", "history", "ping")
 def parse(raw: str | bytes | None, max_bytes: int) -> Config | User | Cancel | Bare:
     """One client frame -> a typed message; `ProtocolError` for anything else."""
     data = decode_frame(raw, max_bytes)
-    kind = data.get("type") if isinstance(data, dict) else None
-    if kind not in TYPES:
-        raise ProtocolError("unknown_type", f"unknown message type {kind!r}; known: {', '.join(TYPES)}")
+    kind = message_type(data, TYPES)
     try:
         return _ADAPTER.validate_python(data)
     except ValidationError as exc:

@@ -7,7 +7,9 @@ slot from `state.llm_limiter` first (see `serving/fair.py`): a client gets at mo
 and a request that cannot wait (`llm_max_waiting`, `llm_queue_timeout_s`) is refused with
 503 `busy`. `ServerState.llm_config` is how those calls reach the LLM (the embedded one demands its
 per-process key). Errors say what failed (`llm_unavailable`, `llm_timeout`,
-`llm_bad_response`), never where: the LLM's address goes to the server log only.
+`llm_bad_response`), never where: the LLM's address goes to the server log only. The LLM's
+refusal of a request (400/422) keeps its status and message, in voxgate's error shape with the
+code `invalid_request` (`refusal`), as every endpoint's errors are.
 `GET /debug/llm` (admin) shows the limiter: requests running and waiting, and its limits.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from typing import Any
 
@@ -28,10 +31,12 @@ from voxgate.bridge.llm import LLMConfig, LLMTimeout, LLMUnavailable, tls_contex
 from voxgate.serving.fair import Lease
 from voxgate.serving.openapi import ADMIN_ERRORS, errors, sse
 from voxgate.serving.state import ServerState
+from voxgate.types import InvalidRequest
 
 log = logging.getLogger(__name__)
 router = APIRouter()
-_PASSED_THROUGH = (200, 400, 422)  # a reply, or the LLM's word on what is wrong with the request
+_REFUSALS = (400, 422)  # the LLM's word on what is wrong with the request
+_REFUSAL_CHARS = 500  # of the LLM's message: enough to say what is wrong, not a dump of the request
 
 
 async def llm_slot(state: ServerState, request: Request) -> Lease | None:
@@ -62,7 +67,7 @@ async def _disconnected(receive: Receive) -> None:
             pass
 
 
-# voxgate does not read the body: the LLM judges it, and its 400/422 answers pass through.
+# voxgate does not read the body: the LLM judges it, and its 400/422 refusals reach the client.
 _CHAT_BODY = {
     "type": "object",
     "description": "an OpenAI chat completions request, passed to the LLM unchanged",
@@ -75,7 +80,6 @@ _CHAT_BODY = {
     },
     "required": ["messages"],
 }
-_LLM_ANSWER = {"application/json": {"schema": {"description": "the LLM's own answer"}}}
 LLM_ERRORS = {
     502: "llm_unavailable: the LLM cannot be reached or failed; llm_timeout; llm_bad_response",
     503: "llm_unavailable: no LLM is configured, or the embedded one failed to start; "
@@ -90,9 +94,8 @@ LLM_ERRORS = {
     responses={
         200: {"description": "the LLM's answer, streamed through (`stream: true`: server-sent events)",
               "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {"schema": sse()}}},
-        400: {"description": "the LLM's own answer to a request it refuses", "content": _LLM_ANSWER},
-        422: {"description": "the LLM's own answer to a request it refuses", "content": _LLM_ANSWER},
-        **errors(LLM_ERRORS),
+        **errors({400: "invalid_request: the LLM refused the request (its message)",
+                  422: "invalid_request: the LLM refused the request (its message)", **LLM_ERRORS}),
     },
 )  # fmt: skip
 async def chat_completions(request: Request) -> Response:
@@ -141,13 +144,43 @@ async def _relay(config: LLMConfig, body: bytes, lease: Lease) -> Response:
         if isinstance(exc, httpx.TimeoutException):
             raise LLMTimeout("the LLM server did not answer in time") from None
         raise LLMUnavailable(f"cannot reach the LLM server ({type(exc).__name__})") from None
-    if upstream.status_code not in _PASSED_THROUGH:
-        text = (await upstream.aread()).decode(errors="replace")[:300]
-        await upstream.aclose()
-        await http.aclose()
+    if upstream.status_code != 200:
+        answer = await _read_and_close(upstream, http)
+        if upstream.status_code in _REFUSALS:
+            raise refusal(upstream.status_code, answer)
+        text = answer.decode(errors="replace")[:300]
         log.warning("LLM request to %s failed: it answered %d: %s", url, upstream.status_code, text)
         raise LLMUnavailable(f"the LLM server answered {upstream.status_code}")
     return _Relayed(lease, upstream, http)
+
+
+async def _read_and_close(upstream: httpx.Response, http: httpx.AsyncClient) -> bytes:
+    """A whole (error) answer, or what arrived of it before the connection failed."""
+    try:
+        return await upstream.aread()
+    except httpx.HTTPError:
+        return b""
+    finally:
+        await upstream.aclose()
+        await http.aclose()
+
+
+def refusal(status: int, body: bytes) -> InvalidRequest:
+    """The LLM's refusal of a request as voxgate's `invalid_request`, with the LLM's status,
+    message and `param`: OpenAI's `{"error": {...}}` (llama.cpp's has an integer `code`), a
+    framework's `{"detail": ...}` and a plain-text body all give their message."""
+    try:
+        data: Any = json.loads(body)
+    except (ValueError, RecursionError):
+        data = body.decode(errors="replace").strip()
+    found = data.get("error", data.get("detail", data.get("message"))) if isinstance(data, dict) else data
+    param = None
+    if isinstance(found, dict):
+        param, found = found.get("param"), found.get("message")
+    message = found if isinstance(found, str) else json.dumps(found) if found else ""
+    error = InvalidRequest(message[:_REFUSAL_CHARS] or f"the LLM refused the request ({status})")
+    error.status, error.param = status, param if isinstance(param, str) else None
+    return error
 
 
 class _Relayed(StreamingResponse):

@@ -17,6 +17,7 @@ import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from voxgate.serving.transport import drop_connection
 from voxgate.types import Timing
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ class AudioStreamResponse(Response):
             if isinstance(exc, TimeoutError):
                 outcome.status = "send_timeout"
                 log.warning("client stopped reading for %.0f s; dropping the stream", self.send_timeout_s)
+                drop_connection(scope)  # at once, its unread audio discarded: an expected end, not an error
             else:
                 outcome.status = "failed"
                 timing.error_code = getattr(exc, "code", "internal_error")

@@ -6,16 +6,20 @@ header line holds its connection, and a few thousand such hold the server's desc
 `header_timeout_s` of the connection opening or of the previous response ending. (The body
 is bounded the same way by `RequestGate`.) WebSocket messages are limited to the gateway's
 own message limit at the frame parser, so a 16 MiB frame is refused before it is buffered.
+Each HTTP request's scope carries an ASGI extension with which a response that gives up on its
+client (one that stopped reading) ends the connection at once: `drop_connection(scope)`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from starlette.types import Scope
+from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
 from voxgate.config import Settings
 
@@ -33,10 +37,12 @@ class HeadTimeoutProtocol(H11Protocol):
         self._arm()
 
     def handle_events(self) -> None:
-        scope = self.scope
+        scope, cycle = self.scope, self.cycle
         super().handle_events()
         if self.scope is not scope:  # a request head arrived (uvicorn made its scope)
             self._disarm()
+        if self.cycle is not cycle and self.cycle is not None:  # its app runs from the next loop turn
+            self.cycle.scope.setdefault("extensions", {})[_DROP] = functools.partial(_drop, self.cycle)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -60,6 +66,25 @@ class HeadTimeoutProtocol(H11Protocol):
         self._head_timer = None
         if self.cycle is None or self.cycle.response_complete:
             self.transport.close()
+
+
+_DROP = "voxgate.drop_connection"
+
+
+def _drop(cycle: RequestResponseCycle) -> None:
+    cycle.disconnected = True  # else uvicorn logs "ASGI callable returned without completing response." at ERROR
+    cycle.transport.abort()  # a close would wait behind the unread bytes
+
+
+def drop_connection(scope: Scope) -> bool:
+    """End the request's connection at once (the client sees its body cut short), as a client
+    that left: deliberate, so not logged as an app's error. False where the server has no way
+    to (not `voxgate serve`'s protocol: the response then ends without its last chunk)."""
+    drop = scope.get("extensions", {}).get(_DROP)
+    if drop is None:
+        return False
+    drop()
+    return True
 
 
 def uvicorn_config(app: Any, settings: Settings, access_log: bool) -> uvicorn.Config:

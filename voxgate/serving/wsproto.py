@@ -150,18 +150,28 @@ def parse_client(raw: str | bytes, max_bytes: int, compat: bool = False) -> Sess
 def parse_data(data: Any, compat: bool = False) -> SessionStart | TextDelta | Bare | Ping:
     """A decoded frame -> a typed message; with `compat`, vLLM-Omni's names for ours too
     (its `session.config`: `serving/omni.py`)."""
-    if not isinstance(data, dict):
-        raise ProtocolError("invalid_message", "a message is a JSON object with a 'type'")
-    kind = data.get("type")
-    if compat and isinstance(kind, str) and kind in _COMPAT:  # a list or object is unhashable
+    kind = message_type(data, (*CLIENT_TYPES, *_COMPAT) if compat else CLIENT_TYPES)
+    if kind in _COMPAT:
         data = {"type": _COMPAT[kind], **({"text": data.get("text")} if kind == "input.text" else {})}
         kind = data["type"]
-    if not isinstance(kind, str) or kind not in CLIENT_TYPES:
-        raise ProtocolError("unknown_type", f"unknown message type {kind!r}; known: {', '.join(CLIENT_TYPES)}")
     try:
         return _ADAPTER.validate_python(data)
     except ValidationError as exc:
         raise ProtocolError("invalid_message", f"{kind}: {describe_validation(exc.errors())}") from None
+
+
+def message_type(data: Any, known: tuple[str, ...]) -> str:
+    """A decoded frame's `type`, one of `known` (every socket protocol of ours): a frame that is
+    not an object, or has no `type` string, is `invalid_message`; a type not known, `unknown_type`."""
+    if not isinstance(data, dict):
+        raise ProtocolError("invalid_message", "a message is a JSON object with a 'type'")
+    kind = data.get("type")
+    if not isinstance(kind, str):
+        problem = "has a 'type' that is not a string" if "type" in data else "has no 'type'"
+        raise ProtocolError("invalid_message", f"the message {problem}; known types: {', '.join(known)}")
+    if kind not in known:
+        raise ProtocolError("unknown_type", f"unknown message type {kind!r}; known: {', '.join(known)}")
+    return kind
 
 
 def schema() -> dict[str, Any]:
