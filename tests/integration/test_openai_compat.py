@@ -137,3 +137,16 @@ def test_openai_voice_names_reach_every_server_voice_and_can_be_pinned(tone_serv
         assert audio.content == tone_pcm("pinned", "tone-high")
         mapped = httpx.get(f"{pinned.url}/v1/voices", timeout=30).json()["alias_voices"]
         assert mapped["alloy"] == "tone-high" and mapped["nova"] == "tone" and mapped["ash"] == "tone"
+
+
+def test_every_model_the_refusal_names_is_accepted_and_every_accepted_one_is_named(tone_server, client):
+    """The unknown_model message lists exactly the names /v1/audio/speech takes (it once left
+    out gpt-4o-tts, which it took)."""
+    from voxgate.serving.protocol import OPENAI_MODELS
+
+    r = httpx.post(f"{tone_server.url}/v1/audio/speech", json={"model": "nope", "input": "Hi.", "voice": "alloy"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unknown_model"
+    named = r.json()["error"]["message"].split("use one of ", 1)[1].split(" (")[0].split(", ")
+    assert set(named) == {*OPENAI_MODELS, "voxgate", "tone"}
+    for model in [*named, f"{OPENAI_MODELS[-1]}-2025-03-20"]:
+        client.audio.speech.create(model=model, voice="alloy", input="Hi.", response_format="pcm")

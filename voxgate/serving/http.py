@@ -28,6 +28,7 @@ from voxgate.serving.openapi import (
     streamed,
 )
 from voxgate.serving.protocol import (
+    OPENAI_MODELS,
     Healthy,
     NotHealthy,
     SpeechBody,
@@ -53,8 +54,7 @@ from voxgate.types import (
 
 router = APIRouter()
 OPENAI_RATE = 24000  # OpenAI's pcm is 24 kHz, 16-bit, mono
-OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "voxgate")
-_OPENAI_MODEL = re.compile(r"(tts-1(-hd)?|gpt-4o(-mini)?-tts)(-\d{4}-\d{2}-\d{2})?")  # and their dated snapshots
+_OPENAI_MODEL = re.compile(f"({'|'.join(map(re.escape, OPENAI_MODELS))})(-\\d{{4}}-\\d{{2}}-\\d{{2}})?")  # or dated
 HTTP_FORMATS = (*FORMATS, *COMPRESSED)  # streamed: compressed audio is encoded as it is made
 SPEECH_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")  # OpenAI's, mp3 its default
 COMPRESSED_MEDIA = {MEDIA_TYPES[f]: BINARY for f in COMPRESSED}
@@ -153,8 +153,8 @@ async def audio_speech(request: Request) -> Response:
     state = state_of(request)
     body = parse_body(SpeechBody, await request.body())
     engine = state.require_engine()
-    if body.model not in (*OPENAI_MODELS, engine.name) and not _OPENAI_MODEL.fullmatch(body.model):
-        names = ", ".join((*OPENAI_MODELS, engine.name))
+    if body.model not in ("voxgate", engine.name) and not _OPENAI_MODEL.fullmatch(body.model):
+        names = ", ".join((*OPENAI_MODELS, "voxgate", engine.name))
         error = UnknownModel(f"unknown model {body.model!r}; use one of {names} (or a dated OpenAI TTS snapshot)")
         error.param = "model"
         raise error

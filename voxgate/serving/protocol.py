@@ -26,6 +26,11 @@ SPOKEN_TEXT: dict[str, Any] = {
 _SPOKEN = "not blank; no control characters but tab and newlines, no lone surrogates; at most VOXGATE_MAX_TEXT_CHARS"
 
 
+# OpenAI's speech models `/v1/audio/speech` takes by name (each also with a dated snapshot
+# suffix, e.g. gpt-4o-mini-tts-2025-03-20); all are spoken by the server's engine.
+OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-tts")
+
+
 class TTSStreamBody(BaseModel):
     """`POST /tts/stream`. Unknown fields are rejected so typos do not pass silently."""
 
@@ -77,7 +82,8 @@ class SpeechBody(BaseModel):
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    model: str = Field(description="tts-1, tts-1-hd, gpt-4o-mini-tts, voxgate or the engine's name", examples=["tts-1"])
+    model: str = Field(description=f"{', '.join(OPENAI_MODELS)} (or a dated snapshot), voxgate or the engine's name",
+                       examples=["tts-1"])  # fmt: skip
     input: str = Field(description=_SPOKEN, json_schema_extra=SPOKEN_TEXT, examples=["Hello there."])
     voice: str | VoiceRef = Field(description="a voice id, or one of VOXGATE_VOICE_ALIASES", examples=["alloy"])
     response_format: str = Field("mp3", json_schema_extra={"enum": ["mp3", "opus", "aac", "flac", "wav", "pcm"]})
