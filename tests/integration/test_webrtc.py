@@ -326,8 +326,12 @@ def test_agent_bot_cli_says_a_wav_and_writes_the_reply(tmp_path: Any, capsys: py
     assert rate == 16000 and rms(reply) > 0.05  # the greeting tone
     onset = int(np.flatnonzero(np.abs(reply) > 0.05)[0])
     assert peak_hz(reply[onset : onset + 16000 // 5], 16000) == pytest.approx(440.0, abs=10.0)
-    bad = parser.parse_args(["--url", url, "--wav", str(tmp_path / "missing.wav")])
-    assert run_agent_bot(bad) == 2
+    from voxgate.cli import main  # what fails is the CLI's one line and exit 2, as every command's
+
+    assert main(["agent-bot", "--url", url, "--wav", str(tmp_path / "missing.wav")]) == 2
+    assert capsys.readouterr().err.startswith("voxgate: error: os_error: No such file")
+    assert main(["agent-bot", "--url", "http://127.0.0.1:9", "--wav", str(wav)]) == 2  # nobody listens there
+    assert capsys.readouterr().err.startswith("voxgate: error: agent_bot_error: cannot talk to http://127.0.0.1:9")
 
 
 async def data_only_offer() -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import sys
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -207,16 +206,13 @@ def run_agent_bot(args: argparse.Namespace) -> int:
 
     from voxgate.audio import decode_wav, wav_bytes
 
-    try:
-        pcm, rate = decode_wav(Path(args.wav).read_bytes())
-    except (OSError, VoxgateError) as exc:
-        print(f"agent-bot: cannot read {args.wav}: {exc}", file=sys.stderr)
-        return 2
+    # What fails is the CLI's one line (`voxgate: error: <code>: ...`, exit 2): a WAV that cannot
+    # be read (os_error, unsupported_format), a refused call (agent_bot_error), no server.
+    pcm, rate = decode_wav(Path(args.wav).read_bytes())
     try:
         summary = asyncio.run(_call(args.url, pcm, rate, args.wait_s, args.api_key))
-    except (OSError, httpx.HTTPError, VoxgateError) as exc:
-        print(f"agent-bot: {exc}", file=sys.stderr)
-        return 1
+    except (OSError, httpx.HTTPError) as exc:
+        raise BotError(f"cannot talk to {args.url}: {type(exc).__name__}: {exc}") from None
     audio = summary.pop("audio")
     if args.out:
         Path(args.out).write_bytes(wav_bytes(audio, RECORD_RATE))
