@@ -214,6 +214,7 @@ HOSTILE = {
     "two_sections_one_mid": _edit("a=mid:1", "a=mid:0"),
     "no_audio_section": _edit(AUDIO, "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 1\r\n"),
     "audio_not_sent": _edit("a=sendrecv", "a=recvonly"),
+    "no_data_channel": _edit("a=group:BUNDLE 0 1", "a=group:BUNDLE 0", "m=application" + DATA, ""),
     "no_common_codec": _edit(
         "SAVPF 96 9 0 8",
         "SAVPF 96",
@@ -365,9 +366,13 @@ def test_offers_being_answered_count_toward_the_client_limit(keyed_server: Serve
 
     replies = asyncio.run(offer_at_once(6))
     with httpx.Client(base_url=keyed_server.url, timeout=30) as http:
+        # at the limit, an unusable offer is still told what is wrong with it (400), not 429
+        headers = {"authorization": f"Bearer {KEY_A}"}
+        bad = http.post("/v1/agent/offer", json={"sdp": HOSTILE["truncated"], "type": "offer"}, headers=headers)
         for r in replies:
             if r.status_code == 200:
                 hang_up(http, r, KEY_A)
     assert sorted((r.status_code, r.json().get("error", {}).get("code")) for r in replies) == [
         (200, None), (200, None), *[(429, "too_many_calls")] * 4
     ]  # fmt: skip
+    assert (bad.status_code, bad.json()["error"]["code"]) == (400, "invalid_sdp")

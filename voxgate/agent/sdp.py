@@ -42,6 +42,11 @@ def check_offer(sdp: str) -> SessionDescription:
     if not all(section.dtls is not None and section.dtls.fingerprints for section in media):
         # aiortc takes such an offer, then fails in a task of its own once ICE has run
         raise InvalidSdp("the SDP offer could not be applied: every media section needs 'a=setup' and 'a=fingerprint'")
+    kinds = {section.kind for section in media}
+    if "audio" not in kinds:
+        raise InvalidSdp("the offer sends no audio: it needs an audio section (sendrecv) for the mic")
+    if "application" not in kinds:  # the call's events come on it: without it the caller hears but sees nothing
+        raise InvalidSdp("the offer has no data channel: the call needs one named 'events' (an m=application section)")
     candidates = sum(len(section.ice_candidates) for section in media)
     if candidates > MAX_CANDIDATES:
         raise InvalidSdp(f"the offer has {candidates} ICE candidates; at most {MAX_CANDIDATES} are accepted")

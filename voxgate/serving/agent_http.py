@@ -33,6 +33,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from voxgate.agent.sdp import check_offer
 from voxgate.agent.webrtc import PeerSession
 from voxgate.config import Settings
 from voxgate.serving.openapi import errors, json_body
@@ -131,7 +132,9 @@ class AgentCalls:
         client_id: str = "",
         limits: CallLimits = CallLimits(),
     ) -> tuple[str, str, str]:
-        """Answer an offer and start the call's agent; returns (call_id, answer sdp, answer type)."""
+        """Answer an offer and start the call's agent; returns (call_id, answer sdp, answer type).
+        An unusable offer is refused as such (400) before any slot is asked for (not 429)."""
+        check_offer(offer_sdp)
         self.slots.take(client_id, limits.per_client)
         if self.voices is not None:
             try:
