@@ -78,6 +78,15 @@ def test_tts_stream_refusal_names_the_field_at_fault(tone_server, body, param):
     assert r.status_code in (400, 413) and r.json()["error"]["param"] == param, r.json()
 
 
+def test_a_body_that_is_not_json_says_where_and_why(tone_server):
+    """A lone surrogate escape is not JSON here (the WebSocket names it too): the refusal says
+    so, not only that the body is invalid."""
+    for raw in (b'{"text": "hi\\ud800"}', b'{"text": "hi'):
+        r = httpx.post(f"{tone_server.url}/tts/stream", content=raw, timeout=10)
+        message = r.json()["error"]["message"]
+        assert r.status_code == 400 and message.startswith("the body is not valid JSON: ") and "column" in message
+
+
 def test_error_responses_carry_the_request_id(tone_server):
     r = httpx.post(f"{tone_server.url}/tts/stream", json={"text": ""}, headers={"x-request-id": "bad-1"})
     assert r.status_code == 400 and r.headers["x-request-id"] == "bad-1"

@@ -214,8 +214,9 @@ def describe_validation(errors: list[Any]) -> str:
     """Pydantic errors as one readable line: `field: problem; field: problem`."""
     parts = []
     for err in errors:
-        if err.get("type") == "json_invalid":
-            return "the body is not valid JSON"
+        if err.get("type") == "json_invalid":  # where and why (a lone surrogate escape, a cut-off body)
+            why = str(err.get("ctx", {}).get("error", ""))[:200]
+            return "the body is not valid JSON" + (f": {why}" if why else "")
         where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
         parts.append(f"{where}: {err.get('msg', 'invalid')}")
     return "; ".join(parts) or "invalid request"
