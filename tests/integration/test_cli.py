@@ -69,8 +69,8 @@ def test_say_reports_bad_input_clearly(tmp_path):
     [
         (("say", "Hi.", "-o", "/nonexistent/dir/a.wav", "--engine", "tone"), {},
          "os_error: No such file or directory: /nonexistent/dir/a.wav"),
-        (("say", "Hi.", "-o", "a.txt", "--engine", "tone"), {},
-         "unsupported_format: cannot tell the audio format of 'a.txt' from its extension"),
+        (("say", "Hi.", "-o", "/nonexistent/dir/a.txt", "--engine", "tone"), {},
+         "unsupported_format: cannot tell the audio format of '/nonexistent/dir/a.txt' from its extension"),
         (("serve", "--port", "99999"), {}, "invalid_settings: port (VOXGATE_PORT): Input should be less than"),
         (("voices", "--engine", "tone"), {"VOXGATE_LOG_LEVEL": "loud"},
          "invalid_settings: log_level (VOXGATE_LOG_LEVEL)"),
