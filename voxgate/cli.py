@@ -107,9 +107,10 @@ def cmd_say(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _logging(settings.log_level if args.verbose else "warning")
     check_text(args.text, settings.max_text_chars)
+    fmt = _format_of(args.output)
     engine = create_engine(settings.engine, settings)
     voice = args.voice or settings.default_voice or engine.voices()[0].id
-    rate = check_output("wav", args.sample_rate, engine.sample_rate)
+    rate = check_output(fmt, args.sample_rate, engine.sample_rate, formats=_SAY_FORMATS)
     request = SynthesisRequest(text=args.text, voice=voice, speed=args.speed)
     check_request(engine, request)
     t0 = time.perf_counter()
@@ -119,13 +120,35 @@ def cmd_say(args: argparse.Namespace) -> int:
         parts.append(chunk.samples)
     elapsed = time.perf_counter() - t0
     samples = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
-    Path(args.output).write_bytes(wav_bytes(resample(samples, engine.sample_rate, rate), rate))
+    if fmt == "wav":
+        data = wav_bytes(resample(samples, engine.sample_rate, rate), rate)
+    else:
+        from voxgate.audio_encode import CompressedEncoder
+
+        encoder = CompressedEncoder(fmt, engine.sample_rate, rate)
+        data = encoder.encode(samples) + encoder.flush()
+    Path(args.output).write_bytes(data)
     duration = len(samples) / engine.sample_rate
     print(
         f"wrote {args.output}: {duration:.2f} s at {rate} Hz (engine={engine.name}, voice={voice}; "
         f"first chunk {1000 * (first or 0):.0f} ms, total {elapsed:.2f} s, RTF {elapsed / max(duration, 1e-9):.3f})"
     )
     return 0
+
+
+_SAY_FORMATS = ("wav", "mp3", "opus", "aac", "flac")
+_EXTENSIONS = {"wav": "wav", "mp3": "mp3", "opus": "opus", "ogg": "opus", "aac": "aac", "flac": "flac"}
+
+
+def _format_of(path: str) -> str:
+    """`voxgate say`'s output format, from the file's extension (a file is what its name says)."""
+    from voxgate.types import UnsupportedFormat
+
+    fmt = _EXTENSIONS.get(Path(path).suffix.lower().lstrip("."))
+    if fmt is None:
+        names = ", ".join(f".{ext}" for ext in _EXTENSIONS)
+        raise UnsupportedFormat(f"cannot tell the audio format of {path!r} from its extension; use one of {names}")
+    return fmt
 
 
 def cmd_voices(args: argparse.Namespace) -> int:
@@ -283,9 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=cmd_serve)
 
-    say = sub.add_parser("say", help="synthesise text to a WAV file")
+    say = sub.add_parser("say", help="synthesise text to an audio file")
     say.add_argument("text")
-    say.add_argument("-o", "--output", default="out.wav", help="WAV file to write (default out.wav)")
+    say.add_argument(
+        "-o", "--output", default="out.wav",
+        help="file to write, encoded as its extension says: .wav, .mp3, .opus/.ogg, .aac, .flac (default out.wav)",
+    )  # fmt: skip
     say.add_argument("--engine", help="engine name (default from VOXGATE_ENGINE, else piper)")
     say.add_argument("--voice", help="voice id (default: the engine's first voice)")
     say.add_argument("--speed", type=float, default=1.0, help="speaking rate, 0.25-4.0")

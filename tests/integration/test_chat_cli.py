@@ -32,3 +32,18 @@ def test_chat_says_clearly_when_there_is_no_server(tmp_path):
     result = _chat("--url", f"http://127.0.0.1:{port}", "--say", "hi", "--out", str(tmp_path))
     assert result.returncode == 2 and "cannot talk to ws://127.0.0.1" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_refused_config_ends_the_chat_as_say_does(tone_server, tmp_path):
+    """The bridge socket refuses the config (no LLM is needed to): one line, exit 2, no turn sent."""
+    for flag, value, code in (("--voice", "nope", "unknown_voice"), ("--temperature", "9", "invalid_message")):
+        result = _chat("--url", tone_server.url, "--say", "Hi.", "--out", str(tmp_path), flag, value)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.splitlines()[-1].startswith(f"voxgate: error: {code}: "), result.stderr
+        assert "voxgate> " not in result.stdout and "Traceback" not in result.stderr
+
+
+def test_a_missing_player_is_named_not_blamed_on_the_server(tone_server):
+    result = _chat("--url", tone_server.url, "--say", "Hi.", "--play", "/nonexistent/player")
+    assert result.returncode == 2 and "/nonexistent/player" in result.stderr, result.stderr
+    assert "cannot talk to" not in result.stderr and "Traceback" not in result.stderr

@@ -36,6 +36,21 @@ def test_say_writes_a_wav(tmp_path):
         assert w.getframerate() == 16000 and w.getnframes() == 3 * 1920
 
 
+@pytest.mark.parametrize(("name", "codec"), [("hello.mp3", "mp3"), ("hello.ogg", "opus"), ("hello.flac", "flac")])
+def test_say_encodes_as_the_file_name_says(tmp_path, name, codec):
+    """Not a WAV under another name: the file decodes as its codec, and all the audio is there."""
+    import av
+
+    out = tmp_path / name
+    result = voxgate("say", "hello there world", "-o", str(out), "--engine", "tone", "--sample-rate", "24000")
+    assert result.returncode == 0, result.stderr
+    with av.open(str(out)) as container:
+        stream = container.streams.audio[0]
+        seconds = sum(frame.samples for frame in container.decode(stream)) / stream.rate
+        assert stream.codec_context.name.startswith(codec)  # mp3float decodes mp3
+    assert seconds >= 3 * 1920 / 16000  # the tone's three words (codec padding may add a frame)
+
+
 def test_say_with_piper(tmp_path):
     out = tmp_path / "piper.wav"
     result = voxgate("say", "Good morning.", "-o", str(out))
@@ -54,6 +69,8 @@ def test_say_reports_bad_input_clearly(tmp_path):
     [
         (("say", "Hi.", "-o", "/nonexistent/dir/a.wav", "--engine", "tone"), {},
          "os_error: No such file or directory: /nonexistent/dir/a.wav"),
+        (("say", "Hi.", "-o", "/nonexistent/dir/a.txt", "--engine", "tone"), {},
+         "unsupported_format: cannot tell the audio format of '/nonexistent/dir/a.txt' from its extension"),
         (("serve", "--port", "99999"), {}, "invalid_settings: port (VOXGATE_PORT): Input should be less than"),
         (("voices", "--engine", "tone"), {"VOXGATE_LOG_LEVEL": "loud"},
          "invalid_settings: log_level (VOXGATE_LOG_LEVEL)"),

@@ -35,6 +35,14 @@ class ChatError(VoxgateError):
     code = "chat_failed"
 
 
+class Refused(VoxgateError):
+    """The server refused a message (a config, a turn): its `error` as the CLI's error."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="the voxgate server (default :8000)")
     parser.add_argument("--say", action="append", help="a user turn (repeatable); default: read lines from stdin")
@@ -104,6 +112,8 @@ def run_chat(args: argparse.Namespace) -> int:
     from websockets.sync.client import connect
 
     player = args.play or next((cmd for name, cmd in _PLAYERS.items() if shutil.which(name)), None)
+    if player and not shutil.which(player.split()[0]):  # else Popen fails as if the server had
+        raise ChatError(f"no player {player.split()[0]!r}: --play takes a command on PATH (or --out DIR writes WAVs)")
     out = Path(args.out or "voxgate-chat") if args.out or not player else None
     base = args.url.rstrip("/").replace("http://", "ws://", 1).replace("https://", "wss://", 1)
     headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else None
@@ -113,6 +123,7 @@ def run_chat(args: argparse.Namespace) -> int:
             config = {"type": "config", "system": args.system, "voice": args.voice, "max_tokens": args.max_tokens,
                       "temperature": args.temperature}  # fmt: skip
             ws.send(json.dumps({k: v for k, v in config.items() if v is not None}))
+            _confirm(ws)
             where = f"writing WAVs to {out}/" if out else f"playing with {player.split()[0]}"
             print(f"connected to {args.url} ({where}); Ctrl-C stops a reply, Ctrl-D quits", file=sys.stderr)
             for turn, line in enumerate(_turns(args.say), start=1):
@@ -155,8 +166,9 @@ def _speak(ws: ClientConnection, sink: Sink) -> None:
             event = json.loads(message)
             if event["type"] == "segment":
                 print(event["text"], end=" ", flush=True)
-            elif event["type"] == "error":
-                print(f"\n[error {event['code']}: {event['message']}]", file=sys.stderr)
+            elif event["type"] == "error" and event["code"] != "nothing_to_cancel":  # that: the reply ended first
+                print()
+                raise Refused(event["code"], event["message"])  # the turn was refused: no `done` will come
             elif event["type"] == "done":
                 _report(event)
                 return
@@ -178,6 +190,15 @@ def _report(done: dict[str, Any]) -> None:
         cached = ", opener from the starter cache" if done.get("starter_cached") else ""
         print(f"  (LLM first token {t.get('llm_first_token')} ms, first audio {t['first_audio']} ms: +{gap:.0f} ms"
               f"{cached}; {done['segments']} segments)", file=sys.stderr)  # fmt: skip
+
+
+def _confirm(ws: ClientConnection) -> None:
+    """The config takes effect or is refused (a voice not served, a temperature out of range)
+    before the `pong` of a ping sent after it: a refusal ends the chat, as `voxgate say` ends."""
+    ws.send(json.dumps({"type": "ping", "id": "config"}))
+    while (event := json.loads(ws.recv(timeout=30)))["type"] != "pong":
+        if event["type"] == "error":
+            raise Refused(event["code"], event["message"])
 
 
 def _recv(ws: ClientConnection) -> dict[str, Any]:

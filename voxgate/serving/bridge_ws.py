@@ -194,6 +194,8 @@ class _Call:
                 if message["type"] == "done":  # the history has the turn before the client hears it is over
                     self.conversation.record(user, reply.spoken())
                     recorded = True
+                    if self.reply is reply:  # over once `done` is out: a `cancel` now is `nothing_to_cancel`
+                        self.reply = None
                 await self._send(message)
         except (WebSocketDisconnect, OSError, RuntimeError, TimeoutError):
             with contextlib.suppress(Exception):  # a client that stopped reading or left: drop it
@@ -206,11 +208,12 @@ class _Call:
                 self.reply = None
 
     async def _interrupt(self, played_ms: float | None) -> None:
-        """Stop the reply speaking now, if any, and wait for its `done` to be sent."""
+        """Stop the reply speaking now, if any, and wait for its task to end (its `done` sent)."""
         reply, speaker = self.reply, self.speaker
-        if reply is None or speaker is None:
+        if speaker is None or speaker.done():
             return
-        reply.stop(played_ms)
+        if reply is not None:  # None: finished, its `done` on the way
+            reply.stop(played_ms)
         with contextlib.suppress(Exception, asyncio.CancelledError):
             await asyncio.wait_for(asyncio.shield(speaker), timeout=self.state.settings.send_timeout_s)
         if not speaker.done():

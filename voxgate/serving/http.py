@@ -275,8 +275,7 @@ def _engine_has(engine: Engine, voice_id: str) -> bool:
     status_code=204,
     responses=errors(
         {
-            400: _CLONING,
-            404: "not_found: no such voice of this client's",
+            404: "not_found: no such voice of this client's (none on an engine that cannot clone)",
             507: "storage_failed: VOXGATE_DATA_DIR could not be changed",
             **_NOT_READY,
         }
@@ -284,11 +283,12 @@ def _engine_has(engine: Engine, voice_id: str) -> bool:
 )
 async def remove_voice(voice_id: str, request: Request) -> Response:
     """Forget one of this client's cloned voices; another client's is `not_found`, as an
-    unknown one, so that its existence is not revealed."""
+    unknown one, so that its existence is not revealed (and so is any id on an engine that
+    cannot clone: it has no cloned voices)."""
     state = state_of(request)
     engine = state.require_engine()
     if not isinstance(engine, VoiceCloner):
-        raise NotSupported(f"the {engine.name} engine cannot clone voices")
+        raise NotFound(f"no cloned voice {voice_id!r}")
     await _voice_current(state, voice_id)
     if not state.voice_owners.owns(voice_id, client_of(request)):
         raise NotFound(f"no cloned voice {voice_id!r}")
