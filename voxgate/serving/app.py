@@ -83,7 +83,7 @@ def create_app(
             await loader
             state.close()
 
-    app = FastAPI(title="voxgate", version=__version__, lifespan=lifespan, redirect_slashes=False)  # a typed 404
+    app = FastAPI(title="voxgate", version=__version__, lifespan=lifespan)
     app.state.voxgate = state
     app.state.ws_gateway = Gateway(state)
     app.include_router(router)
