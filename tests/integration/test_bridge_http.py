@@ -11,7 +11,10 @@ import time
 from collections.abc import Iterator
 
 import httpx
+import pytest
 
+from tests.conftest import metric, wait_for
+from tests.integration.fake_llm import SlowLLM, serve_llm
 from voxgate.bench.server import ServerProcess
 
 ASK = {"messages": [{"role": "user", "content": "Tell me a short story about a cat and a boat."}], "max_tokens": 80,
@@ -182,3 +185,26 @@ def test_a_paced_reply_flows_in_real_time_so_a_stop_leaves_little_at_the_client(
     # all it ever sent left before the stop was answered: what reached the client after the stop
     # is what the lead and the stop's round trip allowed, not the rest of the reply
     assert received <= (stop_answered - t0) + lead_s + SLACK_S, (received, after_stop)
+
+
+def test_a_client_that_stops_reading_a_reply_is_dropped_and_its_slot_freed():
+    """Each format in turn: a reply of ~2,000 s of audio (far more than socket buffers hold) to
+    a client that reads one piece and stops is given up after VOXGATE_SEND_TIMEOUT_S, its
+    connection cut and its stream slot freed, as `/tts/stream` does."""
+    with serve_llm(SlowLLM(tokens=2000)) as (_, llm_url):
+        env = {"SEND_TIMEOUT_S": "1", "TONE_UNIT_MS": "1000", "MAX_STREAMS_PER_CLIENT": "1", "LLM_URL": llm_url}
+        with ServerProcess("tone", env=env) as server:
+            url = server.url + "/v1/bridge/stream"
+            for accept in ("text/event-stream", "multipart/mixed"):
+                with httpx.stream("POST", url, json=ASK, headers={"accept": accept}, timeout=60) as response:
+                    assert response.status_code == 200
+                    pieces = response.iter_raw()  # kept referenced: a dropped iterator would close the connection
+                    next(pieces)  # read one piece, then stop reading
+                    assert wait_for(lambda: metric(server, "voxgate_active_streams") == 0, timeout=30)
+                    with pytest.raises(httpx.HTTPError):  # the body is cut short, never a clean end
+                        for _ in pieces:
+                            pass
+            with httpx.stream("POST", url, json=ASK, timeout=60) as response:  # the one slot is free again
+                assert response.status_code == 200
+            assert sum("client stopped reading" in line for line in server.log) == 2  # an expected drop: a warning,
+            assert not [line for line in server.log if line.startswith("ERROR") or " ERROR " in line]  # not an error

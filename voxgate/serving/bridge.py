@@ -13,7 +13,8 @@ dropped, queue_peak, triggers, starter_cached, timings_ms, unspeakable, code?, m
 The `x-bridge-id` header names the reply for the stop endpoint, whose optional JSON body
 `{"played_ms": n}` says how much audio the client played, so `spoken` is what was heard.
 The reply waits for its LLM slot (the fair LLM limiter, `serving/llm.py`) before the response
-starts: a full queue or a long wait is a 503 `busy`.
+starts: a full queue or a long wait is a 503 `busy`. A client that stops reading for
+`VOXGATE_SEND_TIMEOUT_S` is dropped and its reply stopped, as on `/tts/stream`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from voxgate.serving.openapi import BINARY, errors, json_body, sse, streamed
 from voxgate.serving.protocol import fields_at_fault, parse_body
 from voxgate.serving.reply import AudioOut, Reply, ReplyDone, ReplyOptions, SegmentStarted
 from voxgate.serving.state import ServerState
+from voxgate.serving.stream import bounded, drop_slow_reader
 from voxgate.types import NotFound
 
 router = APIRouter()
@@ -144,15 +146,20 @@ async def bridge_stop(reply_id: str, request: Request) -> Response:
 
 
 class _ReplyResponse(StreamingResponse):
-    """Frees the reply's slot even when the client leaves before its body starts."""
+    """Frees the reply's slot even when the client leaves before its body starts, and gives up
+    on a client that stops reading for `send_timeout_s` (as `/tts/stream` does): the reply is
+    stopped and its connection dropped."""
 
     def __init__(self, reply: Reply, forget: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.reply, self.forget = reply, forget
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        timeout_s = self.reply.state.settings.send_timeout_s
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, bounded(send, timeout_s))
+        except* TimeoutError:
+            drop_slow_reader(scope, timeout_s)
         finally:
             self.forget()
             self.reply.close()
