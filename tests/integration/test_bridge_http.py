@@ -208,3 +208,24 @@ def test_a_client_that_stops_reading_a_reply_is_dropped_and_its_slot_freed():
                 assert response.status_code == 200
             assert sum("client stopped reading" in line for line in server.log) == 2  # an expected drop: a warning,
             assert not [line for line in server.log if line.startswith("ERROR") or " ERROR " in line]  # not an error
+
+
+def test_only_the_client_that_started_a_reply_may_stop_it():
+    """Another API key's stop is the 404 of an unknown id (it learns nothing, the reply speaks on)."""
+    keys = {key: {"authorization": f"Bearer {key}"} for key in ("key-a", "key-b")}
+    with serve_llm(SlowLLM(tokens=3)) as (llm, llm_url):
+        with ServerProcess("tone", env={"LLM_URL": llm_url, "API_KEYS": ",".join(keys)}) as server:
+            url = server.url + "/v1/bridge"
+            unknown = httpx.post(f"{url}/{'0' * 32}/stop", headers=keys["key-b"])
+            for owner_stops in (False, True):
+                llm.hold()
+                with httpx.stream("POST", url + "/stream", json=ASK, headers=keys["key-a"], timeout=60) as response:
+                    reply_id = response.headers["x-bridge-id"]
+                    theirs = httpx.post(f"{url}/{reply_id}/stop", headers=keys["key-b"])
+                    assert theirs.status_code == 404 == unknown.status_code
+                    assert theirs.json() == json.loads(unknown.text.replace("0" * 32, reply_id))
+                    if owner_stops:
+                        assert httpx.post(f"{url}/{reply_id}/stop", headers=keys["key-a"]).status_code == 200
+                    llm.release()
+                    done = list(_events(response))[-1]
+                assert done["status"] == ("cancelled" if owner_stops else "completed")

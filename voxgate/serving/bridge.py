@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import Receive, Scope, Send
 
+from voxgate.serving.http import client_of
 from voxgate.serving.llm import LLM_ERRORS, llm_slot
 from voxgate.serving.openapi import BINARY, errors, json_body, sse, streamed
 from voxgate.serving.protocol import fields_at_fault, parse_body
@@ -131,15 +132,18 @@ async def bridge_stream(request: Request) -> Response:
     openapi_extra=json_body(StopBody, required=False),
     responses={
         200: {"model": Stopped},
-        **errors({400: "invalid_request: the body is not valid", 404: "not_found: no such reply is speaking"}),
+        **errors(
+            {400: "invalid_request: the body is not valid", 404: "not_found: no such reply of this client is speaking"}
+        ),
     },
 )
 async def bridge_stop(reply_id: str, request: Request) -> Response:
-    """Barge-in: the reply's LLM stream and speech stop now; its stream ends with `done`."""
+    """Barge-in: the reply's LLM stream and speech stop now; its stream ends with `done`. Only the
+    client that started the reply may stop it (and read what was spoken)."""
     raw = await request.body()
     body = parse_body(StopBody, raw) if raw.strip() else StopBody()
     reply = replies(request.app.state).get(reply_id)
-    if reply is None:
+    if reply is None or reply.client != client_of(request):  # another client's reply: as if none
         raise NotFound(f"no reply {reply_id!r} is speaking (finished, stopped or never started)")
     reply.stop(body.played_ms)
     return JSONResponse({"stopped": reply_id, "spoken": reply.spoken()})
