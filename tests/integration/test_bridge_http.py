@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import metric, wait_for
-from tests.integration.fake_llm import SlowLLM, serve_llm
+from tests.integration.fake_llm import VLLM_TOO_LONG, SlowLLM, serve_llm
 from voxgate.bench.server import ServerProcess
 
 ASK = {"messages": [{"role": "user", "content": "Tell me a short story about a cat and a boat."}], "max_tokens": 80,
@@ -229,3 +229,14 @@ def test_only_the_client_that_started_a_reply_may_stop_it():
                     llm.release()
                     done = list(_events(response))[-1]
                 assert done["status"] == ("cancelled" if owner_stops else "completed")
+
+
+def test_the_llms_refusal_ends_the_reply_as_invalid_request_with_its_message():
+    """A prompt the LLM refuses (vLLM's 400 for one over its context) ends the reply as
+    `/v1/chat/completions` reports it: `invalid_request` with the LLM's own words."""
+    with serve_llm(SlowLLM()) as (_, llm_url), ServerProcess("tone", env={"LLM_URL": llm_url}) as server:
+        body = {"messages": [{"role": "user", "content": "long " * 1000}]}
+        response = httpx.post(server.url + "/v1/bridge/stream", json=body, timeout=60)
+        done = list(_events(response))[-1]
+        assert done["type"] == "done" and done["status"] == "failed" and done["code"] == "invalid_request"
+        assert done["message"] == VLLM_TOO_LONG["message"]
