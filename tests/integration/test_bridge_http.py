@@ -240,3 +240,17 @@ def test_the_llms_refusal_ends_the_reply_as_invalid_request_with_its_message():
         done = list(_events(response))[-1]
         assert done["type"] == "done" and done["status"] == "failed" and done["code"] == "invalid_request"
         assert done["message"] == VLLM_TOO_LONG["message"]
+
+
+def test_control_characters_in_a_message_are_refused_naming_the_message():
+    """As every text voxgate takes: NUL or BEL in a message is a 400 naming the field (a lone
+    surrogate is refused already by the JSON parser)."""
+    with ServerProcess("tone", env={"LLM_URL": "http://127.0.0.1:9/v1"}) as server:  # never reached
+        for content in ("hi\u0000", "hi\u0007", "hi\ud800"):
+            body = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": content}]}
+            refused = httpx.post(server.url + "/v1/bridge/stream", content=json.dumps(body), timeout=60)
+            assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_request", refused.text
+            if content != "hi\ud800":
+                assert refused.json()["error"]["param"] == "messages.1.content"
+                assert "control character" in refused.json()["error"]["message"]
+        assert metric(server, "voxgate_active_streams") == 0

@@ -37,6 +37,7 @@ from voxgate.serving.protocol import fields_at_fault, parse_body
 from voxgate.serving.reply import AudioOut, Reply, ReplyDone, ReplyOptions, SegmentStarted
 from voxgate.serving.state import ServerState
 from voxgate.serving.stream import bounded, drop_slow_reader
+from voxgate.text import check_characters
 from voxgate.types import NotFound
 
 router = APIRouter()
@@ -100,6 +101,9 @@ _EVENT = {
 async def bridge_stream(request: Request) -> Response:
     state: ServerState = request.app.state.voxgate
     body = parse_body(BridgeBody, await request.body())
+    for i, message in enumerate(body.messages):  # as every text voxgate takes: no control characters
+        with fields_at_fault({"invalid_request": f"messages.{i}.content"}):
+            check_characters(message.content)
     options = ReplyOptions(**body.model_dump(exclude={"messages"}))
     messages = [m.model_dump() for m in body.messages]
     scope = request.scope["state"]
