@@ -22,13 +22,18 @@ from tests.conftest import wait_for
 # llama.cpp's answer to `{"messages": "oops"}`, as its server sends it.
 LLAMA_CPP_REFUSAL = {"error": {"code": 400, "message": "Expected 'messages' to be an array",
                                "type": "invalid_request_error"}}  # fmt: skip
+# vLLM's answer to a prompt over the model's context, as its server sends it.
+VLLM_TOO_LONG = {"object": "error", "type": "BadRequestError", "param": None, "code": 400,
+                 "message": "This model's maximum context length is 2048 tokens. However, you requested 9000 tokens "
+                            "(8000 in the messages, 1000 in the completion). Please reduce the length."}  # fmt: skip
 
 
 class SlowLLM:
     """A stand-in LLM server (real HTTP on loopback, run in a thread): records the last user
     message of each request as it arrives, then streams `tokens` words once the gate is open.
-    A user message starting with `fail` gets a 500 naming an internal address; `messages` that
-    is not a list, llama.cpp's refusal (400, with its integer `code`)."""
+    A user message starting with `fail` gets a 500 naming an internal address, one starting with
+    `long` vLLM's refusal of a prompt over its context (400); `messages` that is not a list,
+    llama.cpp's refusal (400, with its integer `code`)."""
 
     def __init__(self, tokens: int = 5, opening: str = "") -> None:
         self.tokens, self.opening = tokens, opening  # `opening`: a first delta before the words
@@ -60,6 +65,8 @@ class SlowLLM:
         self.arrived.append(content)
         if content.startswith("fail"):
             return JSONResponse({"error": "upstream http://10.9.8.7:9000 is down"}, status_code=500)
+        if content.startswith("long"):
+            return JSONResponse(VLLM_TOO_LONG, status_code=400)
         return StreamingResponse(self._answer(content), media_type="text/event-stream")
 
     async def _answer(self, content: str):

@@ -11,7 +11,10 @@ import time
 from collections.abc import Iterator
 
 import httpx
+import pytest
 
+from tests.conftest import metric, wait_for
+from tests.integration.fake_llm import VLLM_TOO_LONG, SlowLLM, serve_llm
 from voxgate.bench.server import ServerProcess
 
 ASK = {"messages": [{"role": "user", "content": "Tell me a short story about a cat and a boat."}], "max_tokens": 80,
@@ -182,3 +185,72 @@ def test_a_paced_reply_flows_in_real_time_so_a_stop_leaves_little_at_the_client(
     # all it ever sent left before the stop was answered: what reached the client after the stop
     # is what the lead and the stop's round trip allowed, not the rest of the reply
     assert received <= (stop_answered - t0) + lead_s + SLACK_S, (received, after_stop)
+
+
+def test_a_client_that_stops_reading_a_reply_is_dropped_and_its_slot_freed():
+    """Each format in turn: a reply of ~2,000 s of audio (far more than socket buffers hold) to
+    a client that reads one piece and stops is given up after VOXGATE_SEND_TIMEOUT_S, its
+    connection cut and its stream slot freed, as `/tts/stream` does."""
+    with serve_llm(SlowLLM(tokens=2000)) as (_, llm_url):
+        env = {"SEND_TIMEOUT_S": "1", "TONE_UNIT_MS": "1000", "MAX_STREAMS_PER_CLIENT": "1", "LLM_URL": llm_url}
+        with ServerProcess("tone", env=env) as server:
+            url = server.url + "/v1/bridge/stream"
+            for accept in ("text/event-stream", "multipart/mixed"):
+                with httpx.stream("POST", url, json=ASK, headers={"accept": accept}, timeout=60) as response:
+                    assert response.status_code == 200
+                    pieces = response.iter_raw()  # kept referenced: a dropped iterator would close the connection
+                    next(pieces)  # read one piece, then stop reading
+                    assert wait_for(lambda: metric(server, "voxgate_active_streams") == 0, timeout=30)
+                    with pytest.raises(httpx.HTTPError):  # the body is cut short, never a clean end
+                        for _ in pieces:
+                            pass
+            with httpx.stream("POST", url, json=ASK, timeout=60) as response:  # the one slot is free again
+                assert response.status_code == 200
+            assert sum("client stopped reading" in line for line in server.log) == 2  # an expected drop: a warning,
+            assert not [line for line in server.log if line.startswith("ERROR") or " ERROR " in line]  # not an error
+
+
+def test_only_the_client_that_started_a_reply_may_stop_it():
+    """Another API key's stop is the 404 of an unknown id (it learns nothing, the reply speaks on)."""
+    keys = {key: {"authorization": f"Bearer {key}"} for key in ("key-a", "key-b")}
+    with serve_llm(SlowLLM(tokens=3)) as (llm, llm_url):
+        with ServerProcess("tone", env={"LLM_URL": llm_url, "API_KEYS": ",".join(keys)}) as server:
+            url = server.url + "/v1/bridge"
+            unknown = httpx.post(f"{url}/{'0' * 32}/stop", headers=keys["key-b"])
+            for owner_stops in (False, True):
+                llm.hold()
+                with httpx.stream("POST", url + "/stream", json=ASK, headers=keys["key-a"], timeout=60) as response:
+                    reply_id = response.headers["x-bridge-id"]
+                    theirs = httpx.post(f"{url}/{reply_id}/stop", headers=keys["key-b"])
+                    assert theirs.status_code == 404 == unknown.status_code
+                    assert theirs.json() == json.loads(unknown.text.replace("0" * 32, reply_id))
+                    if owner_stops:
+                        assert httpx.post(f"{url}/{reply_id}/stop", headers=keys["key-a"]).status_code == 200
+                    llm.release()
+                    done = list(_events(response))[-1]
+                assert done["status"] == ("cancelled" if owner_stops else "completed")
+
+
+def test_the_llms_refusal_ends_the_reply_as_invalid_request_with_its_message():
+    """A prompt the LLM refuses (vLLM's 400 for one over its context) ends the reply as
+    `/v1/chat/completions` reports it: `invalid_request` with the LLM's own words."""
+    with serve_llm(SlowLLM()) as (_, llm_url), ServerProcess("tone", env={"LLM_URL": llm_url}) as server:
+        body = {"messages": [{"role": "user", "content": "long " * 1000}]}
+        response = httpx.post(server.url + "/v1/bridge/stream", json=body, timeout=60)
+        done = list(_events(response))[-1]
+        assert done["type"] == "done" and done["status"] == "failed" and done["code"] == "invalid_request"
+        assert done["message"] == VLLM_TOO_LONG["message"]
+
+
+def test_control_characters_in_a_message_are_refused_naming_the_message():
+    """As every text voxgate takes: NUL or BEL in a message is a 400 naming the field (a lone
+    surrogate is refused already by the JSON parser)."""
+    with ServerProcess("tone", env={"LLM_URL": "http://127.0.0.1:9/v1"}) as server:  # never reached
+        for content in ("hi\u0000", "hi\u0007", "hi\ud800"):
+            body = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": content}]}
+            refused = httpx.post(server.url + "/v1/bridge/stream", content=json.dumps(body), timeout=60)
+            assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_request", refused.text
+            if content != "hi\ud800":
+                assert refused.json()["error"]["param"] == "messages.1.content"
+                assert "control character" in refused.json()["error"]["message"]
+        assert metric(server, "voxgate_active_streams") == 0

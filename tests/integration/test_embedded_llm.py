@@ -11,7 +11,8 @@ import openai
 import pytest
 
 from voxgate.bench.server import ServerProcess
-from voxgate.bridge.llm import Conversation, LLMBadResponse, LLMClient, LLMConfig
+from voxgate.bridge.llm import Conversation, LLMClient, LLMConfig
+from voxgate.types import InvalidRequest
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def test_auth_and_a_broken_request_give_clear_errors(llm_server):
         finally:
             await client.aclose()
 
-    with pytest.raises(LLMBadResponse):  # the server's refusal, typed, not retried
+    with pytest.raises(InvalidRequest):  # the server's refusal, typed, not retried
         asyncio.run(run())
 
 

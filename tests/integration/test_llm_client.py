@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from voxgate.bridge.llm import Conversation, LLMBadResponse, LLMClient, LLMConfig, LLMTimeout, LLMUnavailable
+from voxgate.types import InvalidRequest
 
 
 def _event(text: str) -> str:
@@ -104,7 +105,7 @@ def test_errors_before_the_first_token_are_retried(scripted):
 
 def test_a_refusal_or_a_garbled_stream_is_not_retried(scripted):
     llm, base = scripted
-    with pytest.raises(LLMBadResponse, match="answered 400"):
+    with pytest.raises(InvalidRequest, match="bad model"):  # the LLM's refusal, in its words
         _run(base, ["400", "ok"], llm)
     with pytest.raises(LLMBadResponse, match="unreadable event"):
         _run(base, ["garbage", "ok"], llm)

@@ -6,7 +6,9 @@ is down, answers with an error, or says nothing for `first_token_timeout_s` is r
 (`retries` times, with a short backoff) only until the first token: after that a retry
 would repeat words already spoken, so a failure mid-reply raises. Every failure is a typed
 `LLMError` with a clear message that says what failed and never where (no URL, port or key:
-the message may reach voxgate's clients); the details go to the server log. `Conversation`
+the message may reach voxgate's clients); the details go to the server log. The LLM's refusal
+of the request (400/422: a prompt over its context, say) is voxgate's `invalid_request` with
+the LLM's message (`refusal`), as `/v1/chat/completions` reports it. `Conversation`
 keeps the multi-turn history, recording of each assistant turn only what was actually spoken
 (after a barge-in, the truncated text).
 """
@@ -25,9 +27,11 @@ from typing import Any
 import httpx
 
 from voxgate.text import speakable
-from voxgate.types import VoxgateError
+from voxgate.types import InvalidRequest, VoxgateError
 
 log = logging.getLogger(__name__)
+REFUSALS = (400, 422)  # the LLM's word on what is wrong with the request
+_REFUSAL_CHARS = 500  # of the LLM's message: enough to say what is wrong, not a dump of the request
 
 
 class LLMError(VoxgateError):
@@ -116,7 +120,10 @@ class LLMClient:
         try:
             async with self._http.stream("POST", url, json=body, headers=headers) as response:
                 if response.status_code != 200:
-                    text = (await response.aread()).decode(errors="replace")[:300]
+                    answer = await response.aread()
+                    if response.status_code in REFUSALS:
+                        raise refusal(response.status_code, answer)  # the request's fault: not retried
+                    text = answer.decode(errors="replace")[:300]
                     kind = LLMUnavailable if response.status_code >= 500 else LLMBadResponse
                     raise _failed(kind, f"the LLM server answered {response.status_code}", url, text)
                 lines = response.aiter_lines()
@@ -148,6 +155,24 @@ def _failed(kind: type[LLMError], message: str, url: str, detail: str = "") -> L
     go to the log only (an internal address or an upstream's text must not reach clients)."""
     log.warning("LLM request to %s failed: %s%s", url, message, f": {detail}" if detail else "")
     return kind(message)
+
+
+def refusal(status: int, body: bytes) -> InvalidRequest:
+    """The LLM's refusal of a request as voxgate's `invalid_request`, with the LLM's status,
+    message and `param`: OpenAI's `{"error": {...}}` (llama.cpp's has an integer `code`), a
+    framework's `{"detail": ...}` and a plain-text body all give their message."""
+    try:
+        data: Any = json.loads(body)
+    except (ValueError, RecursionError):
+        data = body.decode(errors="replace").strip()
+    found = data.get("error", data.get("detail", data.get("message"))) if isinstance(data, dict) else data
+    param = None
+    if isinstance(found, dict):
+        param, found = found.get("param"), found.get("message")
+    message = found if isinstance(found, str) else json.dumps(found) if found else ""
+    error = InvalidRequest(message[:_REFUSAL_CHARS] or f"the LLM refused the request ({status})")
+    error.status, error.param = status, param if isinstance(param, str) else None
+    return error
 
 
 def _parse_line(line: str, url: str) -> Any:

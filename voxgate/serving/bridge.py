@@ -13,7 +13,8 @@ dropped, queue_peak, triggers, starter_cached, timings_ms, unspeakable, code?, m
 The `x-bridge-id` header names the reply for the stop endpoint, whose optional JSON body
 `{"played_ms": n}` says how much audio the client played, so `spoken` is what was heard.
 The reply waits for its LLM slot (the fair LLM limiter, `serving/llm.py`) before the response
-starts: a full queue or a long wait is a 503 `busy`.
+starts: a full queue or a long wait is a 503 `busy`. A client that stops reading for
+`VOXGATE_SEND_TIMEOUT_S` is dropped and its reply stopped, as on `/tts/stream`.
 """
 
 from __future__ import annotations
@@ -29,11 +30,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import Receive, Scope, Send
 
+from voxgate.serving.http import client_of
 from voxgate.serving.llm import LLM_ERRORS, llm_slot
 from voxgate.serving.openapi import BINARY, errors, json_body, sse, streamed
 from voxgate.serving.protocol import fields_at_fault, parse_body
 from voxgate.serving.reply import AudioOut, Reply, ReplyDone, ReplyOptions, SegmentStarted
 from voxgate.serving.state import ServerState
+from voxgate.serving.stream import bounded, drop_slow_reader
+from voxgate.text import check_characters
 from voxgate.types import NotFound
 
 router = APIRouter()
@@ -97,6 +101,9 @@ _EVENT = {
 async def bridge_stream(request: Request) -> Response:
     state: ServerState = request.app.state.voxgate
     body = parse_body(BridgeBody, await request.body())
+    for i, message in enumerate(body.messages):  # as every text voxgate takes: no control characters
+        with fields_at_fault({"invalid_request": f"messages.{i}.content"}):
+            check_characters(message.content)
     options = ReplyOptions(**body.model_dump(exclude={"messages"}))
     messages = [m.model_dump() for m in body.messages]
     scope = request.scope["state"]
@@ -129,30 +136,38 @@ async def bridge_stream(request: Request) -> Response:
     openapi_extra=json_body(StopBody, required=False),
     responses={
         200: {"model": Stopped},
-        **errors({400: "invalid_request: the body is not valid", 404: "not_found: no such reply is speaking"}),
+        **errors(
+            {400: "invalid_request: the body is not valid", 404: "not_found: no such reply of this client is speaking"}
+        ),
     },
 )
 async def bridge_stop(reply_id: str, request: Request) -> Response:
-    """Barge-in: the reply's LLM stream and speech stop now; its stream ends with `done`."""
+    """Barge-in: the reply's LLM stream and speech stop now; its stream ends with `done`. Only the
+    client that started the reply may stop it (and read what was spoken)."""
     raw = await request.body()
     body = parse_body(StopBody, raw) if raw.strip() else StopBody()
     reply = replies(request.app.state).get(reply_id)
-    if reply is None:
+    if reply is None or reply.client != client_of(request):  # another client's reply: as if none
         raise NotFound(f"no reply {reply_id!r} is speaking (finished, stopped or never started)")
     reply.stop(body.played_ms)
     return JSONResponse({"stopped": reply_id, "spoken": reply.spoken()})
 
 
 class _ReplyResponse(StreamingResponse):
-    """Frees the reply's slot even when the client leaves before its body starts."""
+    """Frees the reply's slot even when the client leaves before its body starts, and gives up
+    on a client that stops reading for `send_timeout_s` (as `/tts/stream` does): the reply is
+    stopped and its connection dropped."""
 
     def __init__(self, reply: Reply, forget: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.reply, self.forget = reply, forget
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        timeout_s = self.reply.state.settings.send_timeout_s
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, bounded(send, timeout_s))
+        except* TimeoutError:
+            drop_slow_reader(scope, timeout_s)
         finally:
             self.forget()
             self.reply.close()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from typing import Any
 
@@ -27,16 +26,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
-from voxgate.bridge.llm import LLMConfig, LLMTimeout, LLMUnavailable, tls_context
+from voxgate.bridge.llm import REFUSALS, LLMConfig, LLMTimeout, LLMUnavailable, refusal, tls_context
 from voxgate.serving.fair import Lease
 from voxgate.serving.openapi import ADMIN_ERRORS, errors, sse
 from voxgate.serving.state import ServerState
-from voxgate.types import InvalidRequest
 
 log = logging.getLogger(__name__)
 router = APIRouter()
-_REFUSALS = (400, 422)  # the LLM's word on what is wrong with the request
-_REFUSAL_CHARS = 500  # of the LLM's message: enough to say what is wrong, not a dump of the request
 
 
 async def llm_slot(state: ServerState, request: Request) -> Lease | None:
@@ -146,7 +142,7 @@ async def _relay(config: LLMConfig, body: bytes, lease: Lease) -> Response:
         raise LLMUnavailable(f"cannot reach the LLM server ({type(exc).__name__})") from None
     if upstream.status_code != 200:
         answer = await _read_and_close(upstream, http)
-        if upstream.status_code in _REFUSALS:
+        if upstream.status_code in REFUSALS:
             raise refusal(upstream.status_code, answer)
         text = answer.decode(errors="replace")[:300]
         log.warning("LLM request to %s failed: it answered %d: %s", url, upstream.status_code, text)
@@ -163,24 +159,6 @@ async def _read_and_close(upstream: httpx.Response, http: httpx.AsyncClient) -> 
     finally:
         await upstream.aclose()
         await http.aclose()
-
-
-def refusal(status: int, body: bytes) -> InvalidRequest:
-    """The LLM's refusal of a request as voxgate's `invalid_request`, with the LLM's status,
-    message and `param`: OpenAI's `{"error": {...}}` (llama.cpp's has an integer `code`), a
-    framework's `{"detail": ...}` and a plain-text body all give their message."""
-    try:
-        data: Any = json.loads(body)
-    except (ValueError, RecursionError):
-        data = body.decode(errors="replace").strip()
-    found = data.get("error", data.get("detail", data.get("message"))) if isinstance(data, dict) else data
-    param = None
-    if isinstance(found, dict):
-        param, found = found.get("param"), found.get("message")
-    message = found if isinstance(found, str) else json.dumps(found) if found else ""
-    error = InvalidRequest(message[:_REFUSAL_CHARS] or f"the LLM refused the request ({status})")
-    error.status, error.param = status, param if isinstance(param, str) else None
-    return error
 
 
 class _Relayed(StreamingResponse):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import anyio
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from voxgate.serving.transport import drop_connection
 from voxgate.types import Timing
@@ -44,6 +44,24 @@ class DisconnectWatch:
     def stop(self) -> None:
         """Stop watching (the response is over; uvicorn reports a disconnect after it too)."""
         self._task.cancel()
+
+
+def bounded(send: Send, timeout_s: float) -> Send:
+    """`send` that raises TimeoutError when the client has not taken a message for `timeout_s`
+    (a client that stopped reading would otherwise hold its stream, and its slot, for ever)."""
+
+    async def send_within(message: Message) -> None:
+        async with asyncio.timeout(timeout_s):
+            await send(message)
+
+    return send_within
+
+
+def drop_slow_reader(scope: Scope, timeout_s: float) -> None:
+    """Give up on a client that stopped reading: a warning, and its connection ended at once,
+    its unread audio discarded (an expected end, not an error)."""
+    log.warning("client stopped reading for %.0f s; dropping the stream", timeout_s)
+    drop_connection(scope)
 
 
 @dataclass(slots=True)
@@ -95,8 +113,7 @@ class AudioStreamResponse(Response):
                 exc = exc.exceptions[0]
             if isinstance(exc, TimeoutError):
                 outcome.status = "send_timeout"
-                log.warning("client stopped reading for %.0f s; dropping the stream", self.send_timeout_s)
-                drop_connection(scope)  # at once, its unread audio discarded: an expected end, not an error
+                drop_slow_reader(scope, self.send_timeout_s)
             else:
                 outcome.status = "failed"
                 timing.error_code = getattr(exc, "code", "internal_error")
@@ -107,10 +124,6 @@ class AudioStreamResponse(Response):
             timing.t_done = time.perf_counter()
             self.watch.stop()
             self.on_finish(outcome)
-
-    async def _send(self, send: Send, message: dict[str, object]) -> None:
-        async with asyncio.timeout(self.send_timeout_s):
-            await send(message)
 
     async def _send_all(self, send: Send) -> None:
         """One body message a piece (a client reads `chunk_ms` pieces), with no pause between
@@ -123,12 +136,12 @@ class AudioStreamResponse(Response):
         audio 2.6x later than without Ray. A stop takes effect as before: the engine stops
         between chunks (`speech/stream.py`), and a send that waits for a slow socket lets the
         disconnect watch cancel the pieces after it."""
-        timing = self.outcome.timing
-        await self._send(send, {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        timing, send = self.outcome.timing, bounded(send, self.send_timeout_s)
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         async for piece in self.body_iterator:
-            await self._send(send, {"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
             if timing.t_first_audio_out is None and not self.watch.gone.is_set():
                 timing.t_first_audio_out = time.perf_counter()
             timing.chunks_sent += 1
         self._complete = True
-        await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
