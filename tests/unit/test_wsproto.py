@@ -37,3 +37,12 @@ def test_a_frame_without_a_type_string_is_invalid_and_an_unknown_type_is_unknown
     assert refused.value.code == code and not refused.value.fatal
     if code == "invalid_message":
         assert "type" in refused.value.message
+
+
+@pytest.mark.parametrize("content", ["hi\\u0000", "bell\\u0007", "lone \\ud800"])
+def test_the_bridge_socket_refuses_control_characters_in_a_user_turn_as_http_does(content):
+    with pytest.raises(ProtocolError) as refused:
+        bridge_ws.parse('{"type": "user", "content": "' + content + '"}', LIMIT)
+    message = refused.value.message
+    assert refused.value.code == "invalid_message" and ("content" in message or "surrogate" in message)
+    assert isinstance(bridge_ws.parse('{"type": "user", "content": "hi there"}', LIMIT), bridge_ws.User)

@@ -36,6 +36,7 @@ from voxgate.serving.protocol import describe_validation
 from voxgate.serving.reply import AudioOut, Reply, ReplyOptions
 from voxgate.serving.state import ServerState
 from voxgate.serving.wsproto import ProtocolError, decode_frame, error, message_type
+from voxgate.text import check_characters
 from voxgate.types import VoxgateError
 
 log = logging.getLogger(__name__)
@@ -77,9 +78,15 @@ def parse(raw: str | bytes | None, max_bytes: int) -> Config | User | Cancel | B
     data = decode_frame(raw, max_bytes)
     kind = message_type(data, TYPES)
     try:
-        return _ADAPTER.validate_python(data)
+        message = _ADAPTER.validate_python(data)
     except ValidationError as exc:
         raise ProtocolError("invalid_message", f"{kind}: {describe_validation(exc.errors())}") from None
+    if isinstance(message, User):
+        try:
+            check_characters(message.content)  # as every text the server takes, HTTP's bridge too
+        except VoxgateError as exc:
+            raise ProtocolError("invalid_message", f"user: content: {exc.message}") from None
+    return message
 
 
 @router.websocket("/v1/bridge/ws")
