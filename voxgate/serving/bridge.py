@@ -33,11 +33,10 @@ from starlette.types import Receive, Scope, Send
 from voxgate.serving.http import client_of
 from voxgate.serving.llm import LLM_ERRORS, llm_slot
 from voxgate.serving.openapi import BINARY, errors, json_body, sse, streamed
-from voxgate.serving.protocol import fields_at_fault, parse_body
+from voxgate.serving.protocol import CleanText, fields_at_fault, parse_body
 from voxgate.serving.reply import AudioOut, Reply, ReplyDone, ReplyOptions, SegmentStarted
 from voxgate.serving.state import ServerState
 from voxgate.serving.stream import bounded, drop_slow_reader
-from voxgate.text import check_characters
 from voxgate.types import NotFound
 
 router = APIRouter()
@@ -46,7 +45,7 @@ router = APIRouter()
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     role: Literal["system", "user", "assistant"]
-    content: str = Field(max_length=20000)
+    content: CleanText = Field(max_length=20000)
 
 
 class BridgeBody(ReplyOptions):
@@ -101,9 +100,6 @@ _EVENT = {
 async def bridge_stream(request: Request) -> Response:
     state: ServerState = request.app.state.voxgate
     body = parse_body(BridgeBody, await request.body())
-    for i, message in enumerate(body.messages):  # as every text voxgate takes: no control characters
-        with fields_at_fault({"invalid_request": f"messages.{i}.content"}):
-            check_characters(message.content)
     options = ReplyOptions(**body.model_dump(exclude={"messages"}))
     messages = [m.model_dump() for m in body.messages]
     scope = request.scope["state"]

@@ -32,11 +32,10 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from voxgate.bridge.llm import Conversation
 from voxgate.serving.auth import Client
 from voxgate.serving.limits import MessageRate, Turn
-from voxgate.serving.protocol import describe_validation
+from voxgate.serving.protocol import CleanText, describe_validation
 from voxgate.serving.reply import AudioOut, Reply, ReplyOptions
 from voxgate.serving.state import ServerState
 from voxgate.serving.wsproto import ProtocolError, decode_frame, error, message_type
-from voxgate.text import check_characters
 from voxgate.types import VoxgateError
 
 log = logging.getLogger(__name__)
@@ -49,12 +48,12 @@ class _Message(BaseModel):
 
 class Config(ReplyOptions):
     type: Literal["config"]
-    system: str | None = Field(None, max_length=20000)
+    system: CleanText | None = Field(None, max_length=20000)
 
 
 class User(_Message):
     type: Literal["user"]
-    content: str = Field(min_length=1, max_length=20000)
+    content: CleanText = Field(min_length=1, max_length=20000)
 
 
 class Cancel(_Message):
@@ -78,15 +77,9 @@ def parse(raw: str | bytes | None, max_bytes: int) -> Config | User | Cancel | B
     data = decode_frame(raw, max_bytes)
     kind = message_type(data, TYPES)
     try:
-        message = _ADAPTER.validate_python(data)
+        return _ADAPTER.validate_python(data)
     except ValidationError as exc:
         raise ProtocolError("invalid_message", f"{kind}: {describe_validation(exc.errors())}") from None
-    if isinstance(message, User):
-        try:
-            check_characters(message.content)  # as every text the server takes, HTTP's bridge too
-        except VoxgateError as exc:
-            raise ProtocolError("invalid_message", f"user: content: {exc.message}") from None
-    return message
 
 
 @router.websocket("/v1/bridge/ws")

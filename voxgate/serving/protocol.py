@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from voxgate.audio import COMPRESSED, FORMATS, SAMPLE_RATES
+from voxgate.text import check_characters
 from voxgate.types import InvalidRequest, VoxgateError
 
 M = TypeVar("M", bound=BaseModel)
@@ -25,6 +26,18 @@ SPOKEN_TEXT: dict[str, Any] = {
 }
 _SPOKEN = "not blank; no control characters but tab and newlines, no lone surrogates; at most VOXGATE_MAX_TEXT_CHARS"
 
+
+def _clean(text: str) -> str:
+    try:
+        check_characters(text)
+    except VoxgateError as exc:
+        raise ValueError(exc.message) from None  # a validation error naming the field
+    return text
+
+
+# A message field's text with no control characters (tab and newlines aside) and no lone
+# surrogates, checked where the message is parsed, as every text voxgate takes.
+CleanText = Annotated[str, AfterValidator(_clean)]
 
 # OpenAI's speech models `/v1/audio/speech` takes by name (each also with a dated snapshot
 # suffix, e.g. gpt-4o-mini-tts-2025-03-20); all are spoken by the server's engine.
